@@ -1,0 +1,9 @@
+//! The I/O shell: one actor per file, each owning one piece of state and one
+//! kind of I/O (DESIGN.md §1).
+
+pub mod fetch_purgatory;
+pub mod log_appender;
+pub mod metadata_listeners;
+pub mod quorum_state;
+pub mod request_manager;
+pub mod transport;

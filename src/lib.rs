@@ -1,0 +1,9 @@
+//! kraft: Kafka's KRaft metadata quorum as an actix actor system over sled.
+
+pub mod actors;
+pub mod api;
+pub mod config;
+pub mod messages;
+pub mod node;
+pub mod raft;
+pub mod storage;

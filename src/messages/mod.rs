@@ -1,0 +1,11 @@
+//! Everything that travels: records and batches, the Raft RPCs, the frame
+//! codec, and the typed messages the actors exchange.
+
+pub mod actor;
+pub mod codec;
+pub mod records;
+pub mod rpc;
+
+pub use codec::{Body, CodecError, Envelope};
+pub use records::{Batch, Record, MAX_BATCH_BYTES};
+pub use rpc::*;

@@ -1,0 +1,193 @@
+//! The Raft RPCs of Kafka's KRaft dialect (KIP-595, KIP-630, KIP-996) as
+//! plain data. Every request and response travels inside an
+//! [`Envelope`](super::codec::Envelope) that carries the cluster id.
+
+use serde::{Deserialize, Serialize};
+
+use super::records::Batch;
+use crate::raft::{Epoch, NodeId, Offset};
+
+/// Kafka's error codes, the subset the quorum uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    None,
+    /// The request's epoch is older than the receiver's.
+    FencedLeaderEpoch,
+    /// The request's epoch is newer than the receiver knows.
+    UnknownLeaderEpoch,
+    /// The receiver is not the leader (a fetch sent to a non-leader).
+    NotLeaderOrFollower,
+    /// The sender belongs to another cluster.
+    InconsistentClusterId,
+    /// The request needs a voter and the sender (or receiver) is not one.
+    InconsistentVoterSet,
+    /// The request could not be understood.
+    InvalidRequest,
+    /// The receiver is shutting down or failed.
+    BrokerNotAvailable,
+}
+
+/// (exclusive end offset, epoch) of a snapshot (KIP-630).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SnapshotId {
+    pub end_offset: Offset,
+    pub epoch: Epoch,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VoteRequest {
+    /// The candidate's epoch (for a pre-vote: the epoch it would campaign in).
+    pub epoch: Epoch,
+    pub candidate_id: NodeId,
+    /// Epoch of the last batch in the candidate's durable log.
+    pub last_epoch: Epoch,
+    /// End offset (exclusive) of the candidate's durable log.
+    pub last_epoch_end_offset: Offset,
+    pub pre_vote: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VoteResponse {
+    pub error: ErrorCode,
+    /// The responder's current epoch and the leader it knows in it.
+    pub epoch: Epoch,
+    pub leader_id: Option<NodeId>,
+    pub vote_granted: bool,
+    pub pre_vote: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BeginQuorumEpochRequest {
+    pub epoch: Epoch,
+    pub leader_id: NodeId,
+    pub leader_endpoint: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndQuorumEpochRequest {
+    pub epoch: Epoch,
+    pub leader_id: NodeId,
+    /// Voters ordered by how far they have replicated, best first.
+    pub preferred_successors: Vec<NodeId>,
+}
+
+/// Answer to BeginQuorumEpoch and EndQuorumEpoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuorumEpochResponse {
+    pub error: ErrorCode,
+    pub epoch: Epoch,
+    pub leader_id: Option<NodeId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchRequest {
+    pub replica_id: NodeId,
+    /// The epoch the fetcher believes current.
+    pub current_epoch: Epoch,
+    /// The fetcher's log end offset; for a voter it is durable.
+    pub fetch_offset: Offset,
+    /// Epoch of the batch just below `fetch_offset` (0 for an empty log).
+    pub last_fetched_epoch: Epoch,
+    pub max_wait_ms: u64,
+    pub max_bytes: u32,
+}
+
+/// The leader's answer when the fetcher's log diverges from its own: the
+/// fetcher truncates to at most `end_offset` and fetches again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DivergingEpoch {
+    pub epoch: Epoch,
+    pub end_offset: Offset,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchResponse {
+    pub error: ErrorCode,
+    pub epoch: Epoch,
+    pub leader_id: Option<NodeId>,
+    /// Kafka's high watermark: the first offset not yet committed.
+    pub high_watermark: Offset,
+    pub log_start_offset: Offset,
+    pub diverging_epoch: Option<DivergingEpoch>,
+    /// Set when the fetch offset is below the log start: fetch this snapshot.
+    pub snapshot_id: Option<SnapshotId>,
+    pub batches: Vec<Batch>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchSnapshotRequest {
+    pub replica_id: NodeId,
+    pub current_epoch: Epoch,
+    pub snapshot_id: SnapshotId,
+    pub position: u64,
+    pub max_bytes: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchSnapshotResponse {
+    pub error: ErrorCode,
+    pub epoch: Epoch,
+    pub leader_id: Option<NodeId>,
+    pub snapshot_id: SnapshotId,
+    pub size: u64,
+    pub position: u64,
+    #[serde(with = "serde_bytes")]
+    pub bytes: Vec<u8>,
+}
+
+/// One replica's progress as the leader sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaInfo {
+    pub id: NodeId,
+    /// None until the replica has fetched in this epoch.
+    pub log_end_offset: Option<Offset>,
+    pub last_fetch_ms: Option<u64>,
+    pub last_caught_up_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DescribeQuorumResponse {
+    pub error: ErrorCode,
+    pub leader_id: Option<NodeId>,
+    pub leader_epoch: Epoch,
+    pub high_watermark: Offset,
+    pub voters: Vec<ReplicaInfo>,
+    pub observers: Vec<ReplicaInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RaftRequest {
+    Vote(VoteRequest),
+    BeginQuorumEpoch(BeginQuorumEpochRequest),
+    EndQuorumEpoch(EndQuorumEpochRequest),
+    Fetch(FetchRequest),
+    FetchSnapshot(FetchSnapshotRequest),
+    DescribeQuorum,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RaftResponse {
+    Vote(VoteResponse),
+    BeginQuorumEpoch(QuorumEpochResponse),
+    EndQuorumEpoch(QuorumEpochResponse),
+    Fetch(FetchResponse),
+    FetchSnapshot(FetchSnapshotResponse),
+    DescribeQuorum(DescribeQuorumResponse),
+    /// Sent in place of any response when the request was refused before it
+    /// reached the protocol (wrong cluster id, undecodable body).
+    Error(ErrorCode),
+}
+
+impl RaftRequest {
+    /// Kafka's API name, for logs and metrics.
+    pub fn api_name(&self) -> &'static str {
+        match self {
+            RaftRequest::Vote(_) => "Vote",
+            RaftRequest::BeginQuorumEpoch(_) => "BeginQuorumEpoch",
+            RaftRequest::EndQuorumEpoch(_) => "EndQuorumEpoch",
+            RaftRequest::Fetch(_) => "Fetch",
+            RaftRequest::FetchSnapshot(_) => "FetchSnapshot",
+            RaftRequest::DescribeQuorum => "DescribeQuorum",
+        }
+    }
+}

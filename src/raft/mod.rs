@@ -1,0 +1,35 @@
+//! The pure protocol: Kafka's Raft dialect (KIP-595 + KIP-996 pre-vote) as a
+//! single-threaded state machine with no I/O, no clock and no hidden
+//! randomness.
+//!
+//! [`RaftNode`] takes inputs — a request or response from a peer, a tick with
+//! the current time, a proposal, a storage completion — and returns
+//! [`Action`]s for the shell to carry out **in order**:
+//!
+//! 1. `PersistElection` must be durable before any later action runs
+//!    (persist, then switch, then reply).
+//! 2. `AppendBatch`/`Truncate` change the log and are readable at once; they
+//!    become durable at the next `Flush`, whose completion the shell reports
+//!    with [`RaftNode::on_flushed`].
+//! 3. `Send`/`Respond`/`RespondFetch` go to the network.
+//!
+//! The production shell (the actors) and the deterministic simulator drive
+//! the same code.
+
+pub mod accumulator;
+pub mod election;
+pub mod leader;
+pub mod log_view;
+pub mod node;
+pub mod vote;
+
+pub use election::ElectionState;
+pub use log_view::LogView;
+pub use node::{Action, ProposeError, Proposed, RaftConfig, RaftNode, ReadRange, RoleInfo, RoleKind};
+
+/// A node id (≥ 0).
+pub type NodeId = i32;
+/// A leader epoch (starts at 0; the first election makes it 1).
+pub type Epoch = i32;
+/// A log offset; offsets are contiguous from the log start offset.
+pub type Offset = i64;

@@ -1,0 +1,1 @@
+//! sled backend (written by the storage work).
