@@ -155,6 +155,27 @@ pub struct DescribeQuorumResponse {
     pub observers: Vec<ReplicaInfo>,
 }
 
+/// A client write forwarded by a follower to the leader (like Kafka's
+/// request forwarding to the active controller). Not part of the Raft
+/// protocol: the QuorumState actor answers it once the records commit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppendRequest {
+    pub records: Vec<serde_bytes::ByteBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AppendResponse {
+    /// Committed at these offsets by the leader of `epoch`.
+    Committed { base_offset: Offset, last_offset: Offset, epoch: Epoch },
+    /// The receiver is not the leader; it names the leader it knows.
+    NotLeader { leader_id: Option<NodeId> },
+    /// Leadership was lost before the records committed: they may or may
+    /// not be in the log. Never retried on the caller's behalf.
+    OutcomeUnknown { reason: String },
+    /// The request was refused (empty, too large).
+    Rejected { reason: String },
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RaftRequest {
     Vote(VoteRequest),
@@ -163,6 +184,7 @@ pub enum RaftRequest {
     Fetch(FetchRequest),
     FetchSnapshot(FetchSnapshotRequest),
     DescribeQuorum,
+    Append(AppendRequest),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -173,6 +195,7 @@ pub enum RaftResponse {
     Fetch(FetchResponse),
     FetchSnapshot(FetchSnapshotResponse),
     DescribeQuorum(DescribeQuorumResponse),
+    Append(AppendResponse),
     /// Sent in place of any response when the request was refused before it
     /// reached the protocol (wrong cluster id, undecodable body).
     Error(ErrorCode),
@@ -188,6 +211,7 @@ impl RaftRequest {
             RaftRequest::Fetch(_) => "Fetch",
             RaftRequest::FetchSnapshot(_) => "FetchSnapshot",
             RaftRequest::DescribeQuorum => "DescribeQuorum",
+            RaftRequest::Append(_) => "Append",
         }
     }
 }
