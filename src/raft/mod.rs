@@ -33,3 +33,6 @@ pub type NodeId = i32;
 pub type Epoch = i32;
 /// A log offset; offsets are contiguous from the log start offset.
 pub type Offset = i64;
+
+#[cfg(test)]
+mod tests;

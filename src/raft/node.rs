@@ -1,9 +1,18 @@
 //! The engine: one node's protocol state machine.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::messages::{Batch, DescribeQuorumResponse, FetchResponse, RaftRequest, RaftResponse, Record};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
+use crate::messages::{
+    Batch, BeginQuorumEpochRequest, DescribeQuorumResponse, DivergingEpoch, EndQuorumEpochRequest, ErrorCode,
+    FetchRequest, FetchResponse, QuorumEpochResponse, RaftRequest, RaftResponse, Record, VoteRequest, VoteResponse,
+};
+
+use super::accumulator::BatchAccumulator;
+use super::leader::LeaderState;
+use super::vote::{grant_pre_vote, grant_vote, is_log_up_to_date, VoterView};
 use super::{ElectionState, Epoch, LogView, NodeId, Offset};
 
 /// Protocol settings (the `quorum.*` keys, already validated).
@@ -161,78 +170,1388 @@ pub enum Action {
     RoleChanged(RoleInfo),
 }
 
-/// One node's Raft state machine. Filled in below.
+/// An outstanding request this node sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RequestKind {
+    PreVote,
+    Vote,
+    BeginQuorumEpoch,
+    EndQuorumEpoch,
+    Fetch,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Inflight {
+    to: NodeId,
+    kind: RequestKind,
+    /// `RaftNode::generation` when sent: a response that arrives after a
+    /// role change only counts for its epoch information.
+    generation: u64,
+    deadline_ms: u64,
+}
+
+/// A Fetch the leader holds until data arrives, the high watermark moves,
+/// or `deadline_ms` passes (Kafka's fetch purgatory).
+#[derive(Clone, Debug)]
+struct ParkedFetch {
+    replica: NodeId,
+    request_id: u64,
+    fetch_offset: Offset,
+    max_bytes: u32,
+    deadline_ms: u64,
+}
+
+#[derive(Debug)]
+struct UnattachedState {
+    election_deadline_ms: u64,
+    /// Observers look for the leader by fetching from a random voter.
+    next_discovery_ms: u64,
+}
+
+#[derive(Debug)]
+struct ElectionRound {
+    granted: BTreeSet<NodeId>,
+    rejected: BTreeSet<NodeId>,
+    /// Per voter: earliest time to (re-)send our request.
+    retry_at_ms: BTreeMap<NodeId, u64>,
+    election_deadline_ms: u64,
+}
+
+#[derive(Debug)]
+struct CandidateState {
+    round: ElectionRound,
+    /// Consecutive failed candidacies (for the exponential backoff).
+    retries: u32,
+    /// Set once the election timed out or was lost: the next candidacy
+    /// starts at this time.
+    backoff_until_ms: Option<u64>,
+}
+
+#[derive(Debug)]
+struct FollowerState {
+    leader_id: NodeId,
+    /// Without a successful fetch by then the leader is presumed gone.
+    fetch_deadline_ms: u64,
+    last_fetch_success_ms: Option<u64>,
+    /// Set by EndQuorumEpoch: the leader announced it is stepping down.
+    leader_resigned: bool,
+    next_fetch_ms: u64,
+}
+
+#[derive(Debug)]
+struct ResignedState {
+    election_deadline_ms: u64,
+    preferred_successors: Vec<NodeId>,
+    /// Voters that acknowledged our EndQuorumEpoch.
+    acked: BTreeSet<NodeId>,
+    retry_at_ms: BTreeMap<NodeId, u64>,
+}
+
+/// The role and its per-role state. Change it only through
+/// [`RaftNode::transition`].
+#[derive(Debug)]
+enum Role {
+    Unattached(UnattachedState),
+    Prospective(ElectionRound),
+    Candidate(CandidateState),
+    Leader(Box<LeaderState>),
+    Follower(FollowerState),
+    Resigned(ResignedState),
+}
+
+impl Role {
+    fn kind(&self) -> RoleKind {
+        match self {
+            Role::Unattached(_) => RoleKind::Unattached,
+            Role::Prospective(_) => RoleKind::Prospective,
+            Role::Candidate(_) => RoleKind::Candidate,
+            Role::Leader(_) => RoleKind::Leader,
+            Role::Follower(_) => RoleKind::Follower,
+            Role::Resigned(_) => RoleKind::Resigned,
+        }
+    }
+}
+
+/// Kafka's base for election backoff (`RETRY_BACKOFF_BASE_MS`).
+const ELECTION_BACKOFF_BASE_MS: u64 = 100;
+
+/// One node's Raft state machine.
 pub struct RaftNode {
-    _private: (),
+    config: RaftConfig,
+    rng: SmallRng,
+    now_ms: u64,
+    /// The election state as last persisted (or queued to be persisted ahead
+    /// of every later action). Its epoch never decreases.
+    election: ElectionState,
+    role: Role,
+    pub(super) log: LogView,
+    /// Kafka's high watermark: the first offset not known to be committed.
+    /// Never decreases on any node.
+    high_watermark: Offset,
+    /// Log end to which the flush in flight (at most one) makes the log
+    /// durable; lowered by a truncation issued after it.
+    flush_target: Option<Offset>,
+    accumulator: BatchAccumulator,
+    parked: Vec<ParkedFetch>,
+    inflight: BTreeMap<u64, Inflight>,
+    next_correlation_id: u64,
+    /// Bumped on every role change.
+    generation: u64,
+    actions: Vec<Action>,
 }
 
 impl RaftNode {
-    /// Starts a node from its recovered state (DESIGN.md §2 restart rules).
-    /// `seed` feeds the node's own RNG (election jitter, backoff).
-    pub fn new(_config: RaftConfig, _election: ElectionState, _log: LogView, _now_ms: u64, _seed: u64) -> Self {
-        todo!()
+    /// Starts a node from its recovered state (DESIGN.md §2 restart rules):
+    /// leader of its persisted epoch → Resigned; candidate → Candidate
+    /// (asks again for votes in the same epoch); known leader → Follower;
+    /// otherwise Unattached (with its vote, if any). A single-voter quorum
+    /// elects itself at once. `seed` feeds election jitter and backoff.
+    pub fn new(config: RaftConfig, election: ElectionState, log: LogView, now_ms: u64, seed: u64) -> Self {
+        let high_watermark = log.start_offset();
+        let mut node = RaftNode {
+            config,
+            rng: SmallRng::seed_from_u64(seed),
+            now_ms,
+            election: election.clone(),
+            role: Role::Unattached(UnattachedState { election_deadline_ms: now_ms, next_discovery_ms: now_ms }),
+            log,
+            high_watermark,
+            flush_target: None,
+            accumulator: BatchAccumulator::default(),
+            parked: Vec::new(),
+            inflight: BTreeMap::new(),
+            next_correlation_id: 1,
+            generation: 0,
+            actions: Vec::new(),
+        };
+        let me = node.config.node_id;
+        let is_voter = node.config.is_voter();
+        node.role = if is_voter && election.leader_id == Some(me) {
+            Role::Resigned(node.new_resigned(Vec::new()))
+        } else if is_voter && election.voted_for == Some(me) && election.leader_id.is_none() {
+            Role::Candidate(CandidateState { round: node.new_round(), retries: 1, backoff_until_ms: None })
+        } else if let Some(leader) = election.leader_id.filter(|l| *l != me) {
+            Role::Follower(node.new_follower(leader))
+        } else {
+            Role::Unattached(node.new_unattached())
+        };
+        node.emit_role_changed();
+        node.poll();
+        node
     }
 
     /// Drains the actions produced so far, in order.
     pub fn take_actions(&mut self) -> Vec<Action> {
-        todo!()
+        std::mem::take(&mut self.actions)
     }
 
     /// Advances timers to `now_ms`.
-    pub fn tick(&mut self, _now_ms: u64) {
-        todo!()
+    pub fn tick(&mut self, now_ms: u64) {
+        self.advance_clock(now_ms);
+        self.poll();
     }
 
     /// A request from peer `from`; answer with `request_id`.
-    pub fn handle_request(&mut self, _now_ms: u64, _from: NodeId, _request_id: u64, _request: RaftRequest) {
-        todo!()
+    pub fn handle_request(&mut self, now_ms: u64, from: NodeId, request_id: u64, request: RaftRequest) {
+        self.advance_clock(now_ms);
+        match request {
+            RaftRequest::Vote(req) => self.handle_vote_request(from, request_id, req),
+            RaftRequest::BeginQuorumEpoch(req) => self.handle_begin_quorum_epoch(from, request_id, req),
+            RaftRequest::EndQuorumEpoch(req) => self.handle_end_quorum_epoch(from, request_id, req),
+            RaftRequest::Fetch(req) => self.handle_fetch_request(request_id, req),
+            RaftRequest::DescribeQuorum => {
+                let response = RaftResponse::DescribeQuorum(self.describe(self.now_ms));
+                self.respond(from, request_id, response);
+            }
+            // Snapshots arrive with the next issue; Append is answered by the
+            // shell, never by the protocol.
+            RaftRequest::FetchSnapshot(_) | RaftRequest::Append(_) => {
+                self.respond(from, request_id, RaftResponse::Error(ErrorCode::InvalidRequest));
+            }
+        }
+        self.poll();
     }
 
     /// The response to our `Send` with `correlation_id`.
-    pub fn handle_response(&mut self, _now_ms: u64, _from: NodeId, _correlation_id: u64, _response: RaftResponse) {
-        todo!()
+    pub fn handle_response(&mut self, now_ms: u64, from: NodeId, correlation_id: u64, response: RaftResponse) {
+        self.advance_clock(now_ms);
+        let Some(sent) = self.inflight.remove(&correlation_id) else {
+            // Timed out already, or a duplicate: only its epoch may teach us.
+            self.observe_response_epoch(&response);
+            self.poll();
+            return;
+        };
+        if sent.to != from {
+            self.poll();
+            return;
+        }
+        let current = sent.generation == self.generation;
+        match response {
+            RaftResponse::Vote(resp) => self.handle_vote_response(from, sent, current, resp),
+            RaftResponse::BeginQuorumEpoch(resp) => {
+                self.maybe_follow_response_epoch(resp.epoch, resp.leader_id);
+            }
+            RaftResponse::EndQuorumEpoch(resp) => {
+                if !self.maybe_follow_response_epoch(resp.epoch, resp.leader_id) && current {
+                    if let Role::Resigned(state) = &mut self.role {
+                        if resp.error == ErrorCode::None {
+                            state.acked.insert(from);
+                        }
+                    }
+                }
+            }
+            RaftResponse::Fetch(resp) => self.handle_fetch_response(from, current, resp),
+            RaftResponse::Error(_) | RaftResponse::DescribeQuorum(_) | RaftResponse::FetchSnapshot(_) | RaftResponse::Append(_) => {
+                self.note_request_failed(sent);
+            }
+        }
+        self.poll();
     }
 
     /// Our `Send` with `correlation_id` failed (connection lost, timeout).
-    pub fn handle_request_failed(&mut self, _now_ms: u64, _to: NodeId, _correlation_id: u64) {
-        todo!()
+    pub fn handle_request_failed(&mut self, now_ms: u64, _to: NodeId, correlation_id: u64) {
+        self.advance_clock(now_ms);
+        if let Some(sent) = self.inflight.remove(&correlation_id) {
+            self.note_request_failed(sent);
+        }
+        self.poll();
     }
 
-    /// Offers records to the leader's batch accumulator.
-    pub fn propose(&mut self, _now_ms: u64, _records: Vec<Record>) -> Result<Proposed, ProposeError> {
-        todo!()
+    /// Offers records to the leader's batch accumulator. They get their
+    /// offsets now and are written with whatever else is waiting.
+    pub fn propose(&mut self, now_ms: u64, records: Vec<Record>) -> Result<Proposed, ProposeError> {
+        self.advance_clock(now_ms);
+        let epoch = self.election.epoch;
+        if !matches!(self.role, Role::Leader(_)) {
+            let leader_id = self.leader_id().filter(|id| *id != self.config.node_id);
+            return Err(ProposeError::NotLeader { leader_id, epoch });
+        }
+        if records.is_empty() {
+            return Err(ProposeError::Empty);
+        }
+        let bytes: usize = records.iter().map(Record::encoded_len).sum();
+        if bytes > self.config.max_batch_bytes {
+            return Err(ProposeError::TooLarge { bytes, limit: self.config.max_batch_bytes });
+        }
+        if self.accumulator.would_overflow(bytes, self.config.max_batch_bytes) {
+            self.drain_accumulator();
+        }
+        let base_offset = self.accumulator.next_offset(self.log.end_offset());
+        let last_offset = base_offset + records.len() as Offset - 1;
+        self.accumulator.add(records, bytes, self.now_ms);
+        self.poll();
+        Ok(Proposed { base_offset, last_offset, epoch })
     }
 
-    /// Storage reports that every log write up to `durable_end` is durable.
-    pub fn on_flushed(&mut self, _now_ms: u64, _durable_end: Offset) {
-        todo!()
+    /// Storage reports that the flush we asked for completed; `durable_end`
+    /// is the store's end offset after it.
+    pub fn on_flushed(&mut self, now_ms: u64, durable_end: Offset) {
+        self.advance_clock(now_ms);
+        if let Some(target) = self.flush_target.take() {
+            self.log.on_flushed(target.min(durable_end));
+        }
+        if let Role::Leader(_) = self.role {
+            self.maybe_advance_leader_high_watermark();
+        }
+        self.poll();
     }
 
-    /// Graceful shutdown: a leader resigns and sends EndQuorumEpoch.
-    pub fn resign(&mut self, _now_ms: u64) {
-        todo!()
+    /// Graceful shutdown: a leader resigns and sends EndQuorumEpoch to the
+    /// voters with its preferred successors.
+    pub fn resign(&mut self, now_ms: u64) {
+        self.advance_clock(now_ms);
+        if let Role::Leader(leader) = &self.role {
+            let successors = leader.preferred_successors();
+            let resigned = self.new_resigned(successors);
+            self.transition(Role::Resigned(resigned), None);
+        }
+        self.poll();
     }
 
     pub fn role(&self) -> RoleInfo {
-        todo!()
+        RoleInfo {
+            role: self.role.kind(),
+            epoch: self.election.epoch,
+            leader_id: self.leader_id(),
+            voted_for: self.election.voted_for,
+            is_voter: self.config.is_voter(),
+        }
     }
 
     pub fn high_watermark(&self) -> Offset {
-        todo!()
+        self.high_watermark
     }
 
     pub fn log(&self) -> &LogView {
-        todo!()
+        &self.log
+    }
+
+    pub fn election_state(&self) -> &ElectionState {
+        &self.election
+    }
+
+    pub fn config(&self) -> &RaftConfig {
+        &self.config
     }
 
     /// The leader's view of every replica (DescribeQuorum); others report
-    /// empty replica lists.
-    pub fn describe(&self, _now_ms: u64) -> DescribeQuorumResponse {
-        todo!()
+    /// `NotLeaderOrFollower` and empty replica lists.
+    pub fn describe(&self, now_ms: u64) -> DescribeQuorumResponse {
+        match &self.role {
+            Role::Leader(leader) => {
+                let (voters, observers) = leader.describe(now_ms, self.log.end_offset());
+                DescribeQuorumResponse {
+                    error: ErrorCode::None,
+                    leader_id: Some(self.config.node_id),
+                    leader_epoch: self.election.epoch,
+                    high_watermark: self.high_watermark,
+                    voters,
+                    observers,
+                }
+            }
+            _ => DescribeQuorumResponse {
+                error: ErrorCode::NotLeaderOrFollower,
+                leader_id: self.leader_id(),
+                leader_epoch: self.election.epoch,
+                high_watermark: self.high_watermark,
+                voters: Vec::new(),
+                observers: Vec::new(),
+            },
+        }
     }
 
     /// Earliest time at which `tick` has something to do.
     pub fn next_deadline_ms(&self) -> u64 {
-        todo!()
+        let mut next = u64::MAX;
+        for sent in self.inflight.values() {
+            next = next.min(sent.deadline_ms);
+        }
+        for parked in &self.parked {
+            next = next.min(parked.deadline_ms);
+        }
+        let role_deadline = match &self.role {
+            Role::Unattached(s) => {
+                if self.config.is_voter() {
+                    s.election_deadline_ms
+                } else {
+                    s.next_discovery_ms
+                }
+            }
+            Role::Prospective(round) => round.election_deadline_ms.min(Self::min_retry(round)),
+            Role::Candidate(c) => match c.backoff_until_ms {
+                Some(t) => t,
+                None => c.round.election_deadline_ms.min(Self::min_retry(&c.round)),
+            },
+            Role::Leader(l) => {
+                let mut t = l.check_quorum_deadline_ms.min(l.last_append_ms + self.config.max_idle_interval_ms);
+                if !l.voters_without_fetch().is_empty() {
+                    t = t.min(l.begin_quorum_resend_ms);
+                }
+                if let Some(linger) = self.accumulator.linger_deadline_ms(self.config.append_linger_ms) {
+                    t = t.min(linger);
+                }
+                t
+            }
+            Role::Follower(f) => f.fetch_deadline_ms.min(f.next_fetch_ms),
+            Role::Resigned(r) => {
+                let pending = r.retry_at_ms.iter().filter(|(id, _)| !r.acked.contains(id)).map(|(_, t)| *t).min();
+                r.election_deadline_ms.min(pending.unwrap_or(u64::MAX))
+            }
+        };
+        next.min(role_deadline).max(self.now_ms)
+    }
+
+    // ----------------------------------------------------------------
+    // Transitions
+    // ----------------------------------------------------------------
+
+    /// The one gatekeeper for role changes. Legal transitions (Kafka's
+    /// QuorumState, DESIGN.md §2):
+    ///
+    /// - Unattached → Unattached (higher epoch, or a vote granted), Prospective, Follower
+    /// - Prospective → Candidate, Unattached, Follower
+    /// - Candidate → Candidate (next epoch), Leader, Unattached, Follower
+    /// - Leader → Resigned, Unattached, Follower (the last two for a higher epoch)
+    /// - Follower → Prospective, Unattached, Follower (higher epoch)
+    /// - Resigned → Prospective, Unattached, Follower
+    ///
+    /// Observers are only ever Unattached or Follower. `persist` is the new
+    /// election state; it is queued (and so made durable) before anything
+    /// done in the new role.
+    fn transition(&mut self, next: Role, persist: Option<ElectionState>) {
+        use RoleKind::*;
+        let from = self.role.kind();
+        let to = next.kind();
+        let legal = match (from, to) {
+            (_, Unattached) | (_, Follower) => true,
+            (Unattached, Prospective) | (Follower, Prospective) | (Resigned, Prospective) => true,
+            (Prospective, Candidate) | (Candidate, Candidate) => true,
+            (Candidate, Leader) => true,
+            (Leader, Resigned) => true,
+            _ => false,
+        };
+        assert!(legal, "illegal transition {from:?} -> {to:?} in epoch {}", self.election.epoch);
+        assert!(
+            self.config.is_voter() || matches!(to, Unattached | Follower),
+            "observer {} cannot become {to:?}",
+            self.config.node_id
+        );
+        if let Some(state) = persist {
+            assert!(state.epoch >= self.election.epoch, "epoch would go back from {} to {}", self.election.epoch, state.epoch);
+            if state != self.election {
+                self.election = state.clone();
+                self.actions.push(Action::PersistElection(state));
+            }
+        }
+        if from == Leader {
+            self.abandon_leadership();
+        }
+        self.role = next;
+        self.generation += 1;
+        self.emit_role_changed();
+    }
+
+    fn emit_role_changed(&mut self) {
+        let info = self.role();
+        self.actions.push(Action::RoleChanged(info));
+    }
+
+    /// Leaving the leader role: parked fetches are answered with the new
+    /// state, and records not yet written are dropped (their proposals fail
+    /// through the RoleChanged action).
+    fn abandon_leadership(&mut self) {
+        self.accumulator.drain();
+        for parked in std::mem::take(&mut self.parked) {
+            let response = self.fetch_error(ErrorCode::NotLeaderOrFollower);
+            self.actions.push(Action::RespondFetch { to: parked.replica, request_id: parked.request_id, response, read: None });
+        }
+    }
+
+    /// A higher epoch seen anywhere moves us into it first: as Follower when
+    /// its leader is named (and is not us), else Unattached.
+    fn become_unattached_or_follower(&mut self, epoch: Epoch, leader_id: Option<NodeId>) {
+        match leader_id.filter(|l| *l != self.config.node_id) {
+            Some(leader) => self.become_follower(epoch, leader),
+            None => {
+                let persist = ElectionState::unattached(epoch);
+                let role = Role::Unattached(self.new_unattached());
+                self.transition(role, Some(persist));
+            }
+        }
+    }
+
+    fn become_follower(&mut self, epoch: Epoch, leader: NodeId) {
+        assert_ne!(leader, self.config.node_id, "cannot follow itself");
+        let voted_for = if epoch == self.election.epoch { self.election.voted_for } else { None };
+        let persist = ElectionState { epoch, voted_for, leader_id: Some(leader) };
+        let role = Role::Follower(self.new_follower(leader));
+        self.transition(role, Some(persist));
+    }
+
+    fn become_prospective(&mut self) {
+        let round = self.new_round();
+        self.transition(Role::Prospective(round), None);
+        self.maybe_win_pre_vote();
+    }
+
+    fn become_candidate(&mut self, retries: u32) {
+        let epoch = self.election.epoch + 1;
+        let me = self.config.node_id;
+        let persist = ElectionState { epoch, voted_for: Some(me), leader_id: None };
+        let round = self.new_round();
+        self.transition(Role::Candidate(CandidateState { round, retries, backoff_until_ms: None }), Some(persist));
+        self.maybe_win_election();
+    }
+
+    fn become_leader(&mut self) {
+        let me = self.config.node_id;
+        let epoch = self.election.epoch;
+        let granting = match &self.role {
+            Role::Candidate(c) => c.round.granted.clone(),
+            _ => unreachable!("only a candidate becomes leader"),
+        };
+        let epoch_start = self.log.end_offset();
+        let check_quorum_ms = self.check_quorum_ms();
+        let leader = LeaderState::new(
+            epoch,
+            me,
+            self.config.voters.keys().copied(),
+            granting.clone(),
+            epoch_start,
+            self.now_ms,
+            check_quorum_ms,
+        );
+        let persist = ElectionState { epoch, voted_for: Some(me), leader_id: Some(me) };
+        self.transition(Role::Leader(Box::new(leader)), Some(persist));
+        // The first batch of every epoch is its LeaderChange record.
+        let record = Record::LeaderChange {
+            leader_id: me,
+            voters: self.config.voters.keys().copied().collect(),
+            granting_voters: granting.into_iter().collect(),
+        };
+        self.append_as_leader(vec![record]);
+    }
+
+    fn new_unattached(&mut self) -> UnattachedState {
+        let deadline = self.now_ms + self.random_election_timeout();
+        UnattachedState { election_deadline_ms: deadline, next_discovery_ms: self.now_ms }
+    }
+
+    fn new_round(&mut self) -> ElectionRound {
+        let me = self.config.node_id;
+        ElectionRound {
+            granted: BTreeSet::from([me]),
+            rejected: BTreeSet::new(),
+            retry_at_ms: self.config.voters.keys().filter(|id| **id != me).map(|id| (*id, self.now_ms)).collect(),
+            election_deadline_ms: self.now_ms + self.random_election_timeout(),
+        }
+    }
+
+    fn new_follower(&mut self, leader_id: NodeId) -> FollowerState {
+        FollowerState {
+            leader_id,
+            fetch_deadline_ms: self.now_ms + self.config.fetch_timeout_ms,
+            last_fetch_success_ms: None,
+            leader_resigned: false,
+            next_fetch_ms: self.now_ms,
+        }
+    }
+
+    fn new_resigned(&mut self, preferred_successors: Vec<NodeId>) -> ResignedState {
+        let me = self.config.node_id;
+        ResignedState {
+            election_deadline_ms: self.now_ms + self.random_election_timeout(),
+            preferred_successors,
+            acked: BTreeSet::new(),
+            retry_at_ms: self.config.voters.keys().filter(|id| **id != me).map(|id| (*id, self.now_ms)).collect(),
+        }
+    }
+
+    // ----------------------------------------------------------------
+    // Timers and sending
+    // ----------------------------------------------------------------
+
+    fn advance_clock(&mut self, now_ms: u64) {
+        // Time never runs backwards inside the engine.
+        self.now_ms = self.now_ms.max(now_ms);
+    }
+
+    /// Runs every timer that is due and sends what the current role needs.
+    /// Called at the end of every input.
+    fn poll(&mut self) {
+        let now = self.now_ms;
+        let expired: Vec<u64> = self.inflight.iter().filter(|(_, s)| s.deadline_ms <= now).map(|(c, _)| *c).collect();
+        for correlation_id in expired {
+            let sent = self.inflight.remove(&correlation_id).expect("listed");
+            self.note_request_failed(sent);
+        }
+        // A role change inside one pass lets the new role act at once
+        // (Unattached → Prospective → Candidate → Leader for a single voter);
+        // each pass that changes role is progress, so a few passes suffice.
+        for _ in 0..8 {
+            let generation = self.generation;
+            self.poll_parked();
+            match self.role.kind() {
+                RoleKind::Unattached => self.poll_unattached(),
+                RoleKind::Prospective => self.poll_prospective(),
+                RoleKind::Candidate => self.poll_candidate(),
+                RoleKind::Leader => self.poll_leader(),
+                RoleKind::Follower => self.poll_follower(),
+                RoleKind::Resigned => self.poll_resigned(),
+            }
+            if generation == self.generation {
+                break;
+            }
+        }
+        self.maybe_flush();
+    }
+
+    fn poll_unattached(&mut self) {
+        let now = self.now_ms;
+        let Role::Unattached(state) = &self.role else { return };
+        if self.config.is_voter() {
+            // A single voter needs nobody: it campaigns at once.
+            if now >= state.election_deadline_ms || self.is_only_voter() {
+                self.become_prospective();
+            }
+        } else if now >= state.next_discovery_ms && !self.has_inflight(RequestKind::Fetch) {
+            // An observer knows the voters but not the leader: ask one.
+            let voters: Vec<NodeId> = self.config.voters.keys().copied().collect();
+            let to = voters[self.rng.gen_range(0..voters.len())];
+            if let Role::Unattached(state) = &mut self.role {
+                state.next_discovery_ms = now + self.config.retry_backoff_ms.max(1);
+            }
+            self.send_fetch(to);
+        }
+    }
+
+    fn poll_prospective(&mut self) {
+        let now = self.now_ms;
+        let Role::Prospective(round) = &self.role else { return };
+        if now >= round.election_deadline_ms {
+            // No majority in time: back to Unattached in the same epoch.
+            let role = Role::Unattached(self.new_unattached());
+            self.transition(role, None);
+            return;
+        }
+        let request = self.vote_request(self.election.epoch + 1, true);
+        self.send_election_requests(request, RequestKind::PreVote);
+    }
+
+    fn poll_candidate(&mut self) {
+        let now = self.now_ms;
+        let Role::Candidate(c) = &self.role else { return };
+        if let Some(until) = c.backoff_until_ms {
+            if now >= until {
+                let retries = c.retries + 1;
+                self.become_candidate(retries);
+            }
+            return;
+        }
+        let lost = c.round.rejected.len() >= self.config.majority();
+        if now >= c.round.election_deadline_ms || lost {
+            let backoff = self.election_backoff_ms(c.retries);
+            if let Role::Candidate(c) = &mut self.role {
+                c.backoff_until_ms = Some(now + backoff);
+            }
+            return;
+        }
+        let request = self.vote_request(self.election.epoch, false);
+        self.send_election_requests(request, RequestKind::Vote);
+    }
+
+    fn poll_leader(&mut self) {
+        let now = self.now_ms;
+        let majority = self.config.majority();
+        let fetch_timeout = self.config.fetch_timeout_ms;
+        let Role::Leader(leader) = &mut self.role else { return };
+        if majority > 1 && now >= leader.check_quorum_deadline_ms {
+            // Check-quorum: no majority fetched within 1.5 × fetch timeout.
+            tracing::warn!(epoch = self.election.epoch, "check-quorum failed: resigning");
+            let successors = leader.preferred_successors();
+            let resigned = self.new_resigned(successors);
+            self.transition(Role::Resigned(resigned), None);
+            self.poll_resigned();
+            return;
+        }
+        leader.expire_observers(now, self.config.observer_session_ms);
+        if now >= leader.begin_quorum_resend_ms {
+            leader.begin_quorum_resend_ms = now + (fetch_timeout / 2).max(1);
+            let targets = leader.voters_without_fetch();
+            let request = RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
+                epoch: self.election.epoch,
+                leader_id: self.config.node_id,
+                leader_endpoint: self.config.local_endpoint.clone(),
+            });
+            for to in targets {
+                if !self.has_inflight_to(to, RequestKind::BeginQuorumEpoch) {
+                    self.send(to, RequestKind::BeginQuorumEpoch, request.clone());
+                }
+            }
+        }
+        self.maybe_drain_accumulator();
+        let Role::Leader(leader) = &self.role else { return };
+        if self.accumulator.is_empty() && now >= leader.last_append_ms + self.config.max_idle_interval_ms {
+            self.append_as_leader(vec![Record::NoOp]);
+        }
+    }
+
+    fn poll_follower(&mut self) {
+        let now = self.now_ms;
+        let Role::Follower(f) = &self.role else { return };
+        if now >= f.fetch_deadline_ms {
+            if self.config.is_voter() {
+                self.become_prospective();
+            } else {
+                let role = Role::Unattached(self.new_unattached());
+                self.transition(role, None);
+            }
+            return;
+        }
+        // A voter acknowledges by fetching: only once its log is durable.
+        let durable = !self.log.has_unflushed() || !self.config.is_voter();
+        if now >= f.next_fetch_ms && durable && !self.has_inflight(RequestKind::Fetch) {
+            let to = f.leader_id;
+            self.send_fetch(to);
+        }
+    }
+
+    fn poll_resigned(&mut self) {
+        let now = self.now_ms;
+        let Role::Resigned(r) = &self.role else { return };
+        if now >= r.election_deadline_ms || self.is_only_voter() {
+            self.become_prospective();
+            return;
+        }
+        let due: Vec<NodeId> = r
+            .retry_at_ms
+            .iter()
+            .filter(|(id, t)| !r.acked.contains(id) && now >= **t)
+            .map(|(id, _)| *id)
+            .collect();
+        let request = RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
+            epoch: self.election.epoch,
+            leader_id: self.config.node_id,
+            preferred_successors: r.preferred_successors.clone(),
+        });
+        let retry = self.config.retry_backoff_ms.max(1);
+        for to in due {
+            if !self.has_inflight_to(to, RequestKind::EndQuorumEpoch) {
+                self.send(to, RequestKind::EndQuorumEpoch, request.clone());
+            }
+            if let Role::Resigned(r) = &mut self.role {
+                r.retry_at_ms.insert(to, now + retry);
+            }
+        }
+    }
+
+    fn send_election_requests(&mut self, request: RaftRequest, kind: RequestKind) {
+        let now = self.now_ms;
+        let round = match &self.role {
+            Role::Prospective(round) => round,
+            Role::Candidate(c) => &c.round,
+            _ => return,
+        };
+        let due: Vec<NodeId> = round
+            .retry_at_ms
+            .iter()
+            .filter(|(id, t)| !round.granted.contains(id) && !round.rejected.contains(id) && now >= **t)
+            .map(|(id, _)| *id)
+            .collect();
+        for to in due {
+            if self.has_inflight_to(to, kind) {
+                continue;
+            }
+            self.send(to, kind, request.clone());
+            // Re-ask a silent voter only after the request timed out.
+            let retry = now + self.config.request_timeout_ms;
+            match &mut self.role {
+                Role::Prospective(round) => round.retry_at_ms.insert(to, retry),
+                Role::Candidate(c) => c.round.retry_at_ms.insert(to, retry),
+                _ => None,
+            };
+        }
+    }
+
+    fn vote_request(&self, epoch: Epoch, pre_vote: bool) -> RaftRequest {
+        // Only the durable log is claimed to other nodes.
+        let end = self.log.flushed_end();
+        RaftRequest::Vote(VoteRequest {
+            epoch,
+            candidate_id: self.config.node_id,
+            last_epoch: self.log.epoch_before(end),
+            last_epoch_end_offset: end,
+            pre_vote,
+        })
+    }
+
+    fn send_fetch(&mut self, to: NodeId) {
+        let fetch_offset = self.log.end_offset();
+        let request = RaftRequest::Fetch(FetchRequest {
+            replica_id: self.config.node_id,
+            current_epoch: self.election.epoch,
+            fetch_offset,
+            last_fetched_epoch: self.log.epoch_before(fetch_offset),
+            max_wait_ms: self.config.fetch_max_wait_ms,
+            max_bytes: self.config.fetch_max_bytes,
+        });
+        self.send(to, RequestKind::Fetch, request);
+    }
+
+    fn send(&mut self, to: NodeId, kind: RequestKind, request: RaftRequest) {
+        let correlation_id = self.next_correlation_id;
+        self.next_correlation_id += 1;
+        // A parked fetch may legitimately take max_wait before its answer.
+        let mut timeout = self.config.request_timeout_ms;
+        if kind == RequestKind::Fetch {
+            timeout = timeout.max(self.config.fetch_max_wait_ms + self.config.request_timeout_ms / 2);
+        }
+        self.inflight.insert(
+            correlation_id,
+            Inflight { to, kind, generation: self.generation, deadline_ms: self.now_ms + timeout },
+        );
+        self.actions.push(Action::Send { to, correlation_id, request });
+    }
+
+    fn has_inflight(&self, kind: RequestKind) -> bool {
+        self.inflight.values().any(|s| s.kind == kind && s.generation == self.generation)
+    }
+
+    fn has_inflight_to(&self, to: NodeId, kind: RequestKind) -> bool {
+        self.inflight.values().any(|s| s.to == to && s.kind == kind && s.generation == self.generation)
+    }
+
+    fn note_request_failed(&mut self, sent: Inflight) {
+        if sent.generation != self.generation {
+            return;
+        }
+        let retry = self.now_ms + self.config.retry_backoff_ms.max(1);
+        match &mut self.role {
+            Role::Follower(f) if sent.kind == RequestKind::Fetch => f.next_fetch_ms = retry,
+            Role::Prospective(round) => {
+                round.retry_at_ms.insert(sent.to, retry);
+            }
+            Role::Candidate(c) => {
+                c.round.retry_at_ms.insert(sent.to, retry);
+            }
+            Role::Resigned(r) => {
+                r.retry_at_ms.insert(sent.to, retry);
+            }
+            _ => {}
+        }
+    }
+
+    fn respond(&mut self, to: NodeId, request_id: u64, response: RaftResponse) {
+        self.actions.push(Action::Respond { to, request_id, response });
+    }
+
+    fn maybe_flush(&mut self) {
+        if self.flush_target.is_none() && self.log.has_unflushed() {
+            self.flush_target = Some(self.log.end_offset());
+            self.actions.push(Action::Flush);
+        }
+    }
+
+    pub(super) fn truncate_log(&mut self, end_offset: Offset) {
+        self.log.truncate(end_offset);
+        if let Some(target) = &mut self.flush_target {
+            *target = (*target).min(end_offset);
+        }
+        self.actions.push(Action::Truncate { end_offset });
+    }
+
+    fn random_election_timeout(&mut self) -> u64 {
+        let t = self.config.election_timeout_ms.max(1);
+        t + self.rng.gen_range(0..=t)
+    }
+
+    /// Kafka's binary exponential election backoff: base × rand(1..2^n),
+    /// capped by `election_backoff_max_ms`.
+    pub(super) fn election_backoff_ms(&mut self, retries: u32) -> u64 {
+        let exponent = retries.saturating_sub(1).min(20);
+        let factor = self.rng.gen_range(1..=(1u64 << exponent));
+        (ELECTION_BACKOFF_BASE_MS * factor).min(self.config.election_backoff_max_ms)
+    }
+
+    fn check_quorum_ms(&self) -> u64 {
+        self.config.fetch_timeout_ms * 3 / 2
+    }
+
+    fn min_retry(round: &ElectionRound) -> u64 {
+        round
+            .retry_at_ms
+            .iter()
+            .filter(|(id, _)| !round.granted.contains(id) && !round.rejected.contains(id))
+            .map(|(_, t)| *t)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    fn is_only_voter(&self) -> bool {
+        self.config.voters.len() == 1 && self.config.is_voter()
+    }
+
+    fn leader_id(&self) -> Option<NodeId> {
+        match &self.role {
+            Role::Leader(_) => Some(self.config.node_id),
+            Role::Follower(f) => Some(f.leader_id),
+            _ => None,
+        }
+    }
+
+    // ----------------------------------------------------------------
+    // Elections
+    // ----------------------------------------------------------------
+
+    fn voter_view(&self) -> VoterView {
+        let now = self.now_ms;
+        let fetch_timeout = self.config.fetch_timeout_ms;
+        let leader_is_live = match &self.role {
+            Role::Follower(f) => {
+                !f.leader_resigned && f.last_fetch_success_ms.map(|t| now < t + fetch_timeout).unwrap_or(false)
+            }
+            _ => false,
+        };
+        let leader_id = match &self.role {
+            Role::Follower(f) => Some(f.leader_id),
+            Role::Leader(_) | Role::Resigned(_) => Some(self.config.node_id),
+            // Prospective keeps the persisted knowledge of its epoch.
+            Role::Prospective(_) => self.election.leader_id,
+            Role::Unattached(_) | Role::Candidate(_) => None,
+        };
+        VoterView {
+            voted_for: self.election.voted_for,
+            leader_id,
+            leader_is_live,
+            is_or_was_leader: matches!(self.role, Role::Leader(_) | Role::Resigned(_)),
+        }
+    }
+
+    fn handle_vote_request(&mut self, from: NodeId, request_id: u64, req: VoteRequest) {
+        let refuse = |node: &Self, error: ErrorCode| {
+            RaftResponse::Vote(VoteResponse {
+                error,
+                epoch: node.election.epoch,
+                leader_id: node.leader_id(),
+                vote_granted: false,
+                pre_vote: req.pre_vote,
+            })
+        };
+        if !self.config.is_voter() || !self.config.voters.contains_key(&req.candidate_id) || from != req.candidate_id {
+            let response = refuse(self, ErrorCode::InconsistentVoterSet);
+            self.respond(from, request_id, response);
+            return;
+        }
+        if req.epoch < self.election.epoch {
+            let response = refuse(self, ErrorCode::FencedLeaderEpoch);
+            self.respond(from, request_id, response);
+            return;
+        }
+        let log_ok = is_log_up_to_date(req.last_epoch, req.last_epoch_end_offset, self.log.last_epoch(), self.log.end_offset());
+        if req.pre_vote {
+            // A pre-vote changes nothing, not even our epoch.
+            let granted = grant_pre_vote(self.voter_view(), log_ok);
+            let response = RaftResponse::Vote(VoteResponse {
+                error: ErrorCode::None,
+                epoch: self.election.epoch,
+                leader_id: self.leader_id(),
+                vote_granted: granted,
+                pre_vote: true,
+            });
+            self.respond(from, request_id, response);
+            return;
+        }
+        if req.epoch > self.election.epoch {
+            self.become_unattached_or_follower(req.epoch, None);
+        }
+        let granted = grant_vote(self.voter_view(), req.candidate_id, log_ok);
+        if granted {
+            // Persist the vote, then switch, then reply.
+            let persist = ElectionState { epoch: self.election.epoch, voted_for: Some(req.candidate_id), leader_id: None };
+            let mut unattached = self.new_unattached();
+            if let Role::Unattached(current) = &self.role {
+                // Granting the same vote again keeps the timer.
+                if self.election.voted_for == Some(req.candidate_id) {
+                    unattached.election_deadline_ms = current.election_deadline_ms;
+                }
+            }
+            self.transition(Role::Unattached(unattached), Some(persist));
+        }
+        let response = RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: self.election.epoch,
+            leader_id: self.leader_id(),
+            vote_granted: granted,
+            pre_vote: false,
+        });
+        self.respond(from, request_id, response);
+    }
+
+    fn handle_vote_response(&mut self, from: NodeId, sent: Inflight, current: bool, resp: VoteResponse) {
+        if self.maybe_follow_response_epoch(resp.epoch, resp.leader_id) {
+            return;
+        }
+        if !current {
+            return;
+        }
+        match (&mut self.role, sent.kind) {
+            (Role::Prospective(round), RequestKind::PreVote) => {
+                if resp.vote_granted {
+                    round.granted.insert(from);
+                } else {
+                    round.rejected.insert(from);
+                }
+                self.maybe_win_pre_vote();
+            }
+            (Role::Candidate(c), RequestKind::Vote) if resp.epoch == self.election.epoch => {
+                if resp.vote_granted {
+                    c.round.granted.insert(from);
+                } else {
+                    c.round.rejected.insert(from);
+                }
+                self.maybe_win_election();
+            }
+            _ => {}
+        }
+    }
+
+    fn maybe_win_pre_vote(&mut self) {
+        if let Role::Prospective(round) = &self.role {
+            if round.granted.len() >= self.config.majority() {
+                self.become_candidate(1);
+            }
+        }
+    }
+
+    fn maybe_win_election(&mut self) {
+        if let Role::Candidate(c) = &self.role {
+            if c.backoff_until_ms.is_none() && c.round.granted.len() >= self.config.majority() {
+                self.become_leader();
+            }
+        }
+    }
+
+    fn handle_begin_quorum_epoch(&mut self, from: NodeId, request_id: u64, req: BeginQuorumEpochRequest) {
+        let error = if !self.config.is_voter() || !self.config.voters.contains_key(&req.leader_id) {
+            ErrorCode::InconsistentVoterSet
+        } else if req.epoch < self.election.epoch {
+            ErrorCode::FencedLeaderEpoch
+        } else if req.leader_id == self.config.node_id {
+            ErrorCode::InvalidRequest
+        } else {
+            match &self.role {
+                _ if req.epoch > self.election.epoch => {
+                    self.become_follower(req.epoch, req.leader_id);
+                    ErrorCode::None
+                }
+                Role::Follower(f) if f.leader_id == req.leader_id => ErrorCode::None,
+                Role::Leader(_) | Role::Resigned(_) | Role::Follower(_) => {
+                    // Two leaders in one epoch would break election safety.
+                    tracing::error!(epoch = req.epoch, leader = req.leader_id, "BeginQuorumEpoch conflicts with the known leader");
+                    ErrorCode::InvalidRequest
+                }
+                Role::Unattached(_) | Role::Prospective(_) | Role::Candidate(_) => {
+                    self.become_follower(req.epoch, req.leader_id);
+                    ErrorCode::None
+                }
+            }
+        };
+        let response = RaftResponse::BeginQuorumEpoch(QuorumEpochResponse {
+            error,
+            epoch: self.election.epoch,
+            leader_id: self.leader_id(),
+        });
+        self.respond(from, request_id, response);
+    }
+
+    fn handle_end_quorum_epoch(&mut self, from: NodeId, request_id: u64, req: EndQuorumEpochRequest) {
+        let mut error = ErrorCode::None;
+        if !self.config.is_voter() {
+            error = ErrorCode::InconsistentVoterSet;
+        } else if req.epoch < self.election.epoch {
+            error = ErrorCode::FencedLeaderEpoch;
+        } else {
+            // Shorten our wait by our rank among the preferred successors, so
+            // the best-replicated voter campaigns first (KIP-595).
+            let backoff = self.end_quorum_backoff_ms(&req.preferred_successors);
+            if req.epoch > self.election.epoch {
+                self.become_unattached_or_follower(req.epoch, None);
+            }
+            let now = self.now_ms;
+            match &mut self.role {
+                Role::Follower(f) if f.leader_id == req.leader_id => {
+                    f.leader_resigned = true;
+                    f.fetch_deadline_ms = f.fetch_deadline_ms.min(now + backoff);
+                }
+                Role::Unattached(u) => {
+                    u.election_deadline_ms = u.election_deadline_ms.min(now + backoff);
+                }
+                _ => {}
+            }
+        }
+        let response = RaftResponse::EndQuorumEpoch(QuorumEpochResponse {
+            error,
+            epoch: self.election.epoch,
+            leader_id: self.leader_id(),
+        });
+        self.respond(from, request_id, response);
+    }
+
+    fn end_quorum_backoff_ms(&self, successors: &[NodeId]) -> u64 {
+        match successors.iter().position(|id| *id == self.config.node_id) {
+            Some(0) => 0,
+            Some(rank) => {
+                let shift = (rank as u32 - 1).min(20);
+                (ELECTION_BACKOFF_BASE_MS << shift).min(self.config.election_backoff_max_ms)
+            }
+            None => self.config.election_backoff_max_ms,
+        }
+    }
+
+    /// Every response names the responder's epoch and leader. A higher epoch
+    /// moves us into it; a leader named for our own epoch is followed if we
+    /// know none. Returns true when we changed role.
+    fn maybe_follow_response_epoch(&mut self, epoch: Epoch, leader_id: Option<NodeId>) -> bool {
+        let me = self.config.node_id;
+        let leader_id = leader_id.filter(|l| *l != me && self.config.voters.contains_key(l));
+        if epoch > self.election.epoch {
+            self.become_unattached_or_follower(epoch, leader_id);
+            return true;
+        }
+        if epoch == self.election.epoch {
+            if let Some(leader) = leader_id {
+                if matches!(self.role, Role::Unattached(_) | Role::Prospective(_) | Role::Candidate(_)) {
+                    self.become_follower(epoch, leader);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    fn observe_response_epoch(&mut self, response: &RaftResponse) {
+        let (epoch, leader) = match response {
+            RaftResponse::Vote(r) => (r.epoch, r.leader_id),
+            RaftResponse::BeginQuorumEpoch(r) | RaftResponse::EndQuorumEpoch(r) => (r.epoch, r.leader_id),
+            RaftResponse::Fetch(r) => (r.epoch, r.leader_id),
+            _ => return,
+        };
+        self.maybe_follow_response_epoch(epoch, leader);
+    }
+
+    // ----------------------------------------------------------------
+    // Fetch: the leader side
+    // ----------------------------------------------------------------
+
+    fn fetch_error(&self, error: ErrorCode) -> FetchResponse {
+        FetchResponse {
+            error,
+            epoch: self.election.epoch,
+            leader_id: self.leader_id(),
+            high_watermark: self.high_watermark,
+            log_start_offset: self.log.start_offset(),
+            diverging_epoch: None,
+            snapshot_id: None,
+            batches: Vec::new(),
+        }
+    }
+
+    fn handle_fetch_request(&mut self, request_id: u64, req: FetchRequest) {
+        let replica = req.replica_id;
+        let reply_error = |node: &mut Self, error: ErrorCode| {
+            let response = node.fetch_error(error);
+            node.actions.push(Action::RespondFetch { to: replica, request_id, response, read: None });
+        };
+        if !matches!(self.role, Role::Leader(_)) {
+            return reply_error(self, ErrorCode::NotLeaderOrFollower);
+        }
+        if req.current_epoch < self.election.epoch {
+            return reply_error(self, ErrorCode::FencedLeaderEpoch);
+        }
+        if req.current_epoch > self.election.epoch {
+            return reply_error(self, ErrorCode::UnknownLeaderEpoch);
+        }
+        if replica == self.config.node_id || req.fetch_offset < 0 {
+            return reply_error(self, ErrorCode::InvalidRequest);
+        }
+        // Below the log start the replica needs a snapshot (KIP-630).
+        if req.fetch_offset < self.log.start_offset() {
+            let mut response = self.fetch_error(ErrorCode::None);
+            response.snapshot_id = Some(crate::messages::SnapshotId {
+                end_offset: self.log.start_offset(),
+                epoch: self.log.epoch_before(self.log.start_offset()),
+            });
+            self.actions.push(Action::RespondFetch { to: replica, request_id, response, read: None });
+            return;
+        }
+        if let Some(diverging) = self.validate_fetch_position(req.fetch_offset, req.last_fetched_epoch) {
+            let mut response = self.fetch_error(ErrorCode::None);
+            response.diverging_epoch = Some(diverging);
+            self.actions.push(Action::RespondFetch { to: replica, request_id, response, read: None });
+            return;
+        }
+        // A valid position: it is the replica's log end (durable for voters).
+        let now = self.now_ms;
+        let end = self.log.end_offset();
+        let check_quorum_ms = self.check_quorum_ms();
+        let majority = self.config.majority();
+        let Role::Leader(leader) = &mut self.role else { unreachable!() };
+        let is_voter = leader.record_fetch(replica, req.fetch_offset, end, now, check_quorum_ms, majority);
+        let hw_before = self.high_watermark;
+        if is_voter {
+            self.maybe_advance_leader_high_watermark();
+        }
+        // A replica may have only one parked fetch; an older one is answered.
+        if let Some(i) = self.parked.iter().position(|p| p.replica == replica) {
+            let old = self.parked.remove(i);
+            self.complete_parked(old);
+        }
+        let parked = ParkedFetch {
+            replica,
+            request_id,
+            fetch_offset: req.fetch_offset,
+            max_bytes: req.max_bytes,
+            deadline_ms: now + req.max_wait_ms.min(self.config.fetch_max_wait_ms),
+        };
+        if req.fetch_offset < end || self.high_watermark != hw_before || req.max_wait_ms == 0 {
+            self.complete_parked(parked);
+        } else {
+            self.parked.push(parked);
+        }
+    }
+
+    /// Kafka's `validateOffsetAndEpoch`: None when (offset, epoch) is a
+    /// prefix of our log, else where the replica must truncate to.
+    fn validate_fetch_position(&self, fetch_offset: Offset, last_fetched_epoch: Epoch) -> Option<DivergingEpoch> {
+        if fetch_offset == self.log.start_offset() && last_fetched_epoch == self.log.epoch_before(fetch_offset) {
+            return None;
+        }
+        match self.log.end_offset_for_epoch(last_fetched_epoch) {
+            Some((epoch, end_offset)) if epoch == last_fetched_epoch && fetch_offset <= end_offset => None,
+            Some((epoch, end_offset)) => Some(DivergingEpoch { epoch, end_offset: end_offset.min(fetch_offset) }),
+            None => Some(DivergingEpoch { epoch: self.log.epoch_before(self.log.start_offset()), end_offset: self.log.start_offset() }),
+        }
+    }
+
+    /// Answers a parked fetch with whatever it can have now.
+    fn complete_parked(&mut self, parked: ParkedFetch) {
+        let end = self.log.end_offset();
+        let response = self.fetch_error(ErrorCode::None);
+        let read = (parked.fetch_offset < end).then_some(ReadRange {
+            from: parked.fetch_offset,
+            until: end,
+            max_bytes: (parked.max_bytes as usize).min(crate::messages::MAX_BATCH_BYTES),
+        });
+        self.actions.push(Action::RespondFetch { to: parked.replica, request_id: parked.request_id, response, read });
+    }
+
+    /// Completes parked fetches whose data arrived or whose wait ran out.
+    fn poll_parked(&mut self) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let now = self.now_ms;
+        let end = self.log.end_offset();
+        let (ready, waiting): (Vec<ParkedFetch>, Vec<ParkedFetch>) =
+            std::mem::take(&mut self.parked).into_iter().partition(|p| p.fetch_offset < end || now >= p.deadline_ms);
+        self.parked = waiting;
+        for parked in ready {
+            self.complete_parked(parked);
+        }
+    }
+
+    /// Wakes every parked fetch (the high watermark moved).
+    fn wake_all_parked(&mut self) {
+        for parked in std::mem::take(&mut self.parked) {
+            self.complete_parked(parked);
+        }
+    }
+
+    fn maybe_advance_leader_high_watermark(&mut self) {
+        let Role::Leader(leader) = &self.role else { return };
+        let Some(hw) = leader.compute_high_watermark(self.log.flushed_end(), self.config.majority()) else {
+            return;
+        };
+        // The leader's HW never moves backwards.
+        if hw > self.high_watermark {
+            self.high_watermark = hw;
+            self.actions.push(Action::HighWatermark(hw));
+            self.wake_all_parked();
+        }
+    }
+
+    // ----------------------------------------------------------------
+    // Fetch: the follower side
+    // ----------------------------------------------------------------
+
+    fn handle_fetch_response(&mut self, from: NodeId, current: bool, resp: FetchResponse) {
+        if self.maybe_follow_response_epoch(resp.epoch, resp.leader_id) {
+            return;
+        }
+        if !current {
+            return;
+        }
+        let now = self.now_ms;
+        let retry = now + self.config.retry_backoff_ms.max(1);
+        let Role::Follower(f) = &mut self.role else { return };
+        if f.leader_id != from || resp.epoch != self.election.epoch {
+            return;
+        }
+        if resp.error != ErrorCode::None {
+            f.next_fetch_ms = retry;
+            return;
+        }
+        if let Some(diverging) = resp.diverging_epoch {
+            // Truncate to where our log last agrees with the leader's.
+            let ours = self.log.end_offset_for_epoch(diverging.epoch).map(|(_, end)| end).unwrap_or(self.log.start_offset());
+            let target = ours.min(diverging.end_offset).max(self.log.start_offset());
+            if target < self.high_watermark {
+                // Committed records are in every later leader's log; a leader
+                // asking us to drop them is broken. Refuse rather than lose them.
+                tracing::error!(target, hw = self.high_watermark, leader = from, "refusing to truncate below the high watermark");
+                f.next_fetch_ms = retry;
+                return;
+            }
+            f.last_fetch_success_ms = Some(now);
+            f.fetch_deadline_ms = now + self.config.fetch_timeout_ms;
+            self.truncate_log(target);
+            return;
+        }
+        if resp.snapshot_id.is_some() {
+            // FetchSnapshot arrives with the snapshot issue.
+            tracing::warn!(leader = from, "leader asks for a snapshot fetch, which this version cannot do yet");
+            f.next_fetch_ms = now + self.config.fetch_timeout_ms;
+            return;
+        }
+        // Validate the whole response before writing any of it.
+        let mut expected = self.log.end_offset();
+        let mut last_epoch = self.log.last_epoch();
+        for batch in &resp.batches {
+            let valid = batch.verify()
+                && batch.base_offset == expected
+                && batch.epoch >= last_epoch
+                && batch.epoch <= resp.epoch;
+            if !valid {
+                tracing::error!(leader = from, offset = batch.base_offset, "invalid batch in fetch response; dropped");
+                f.next_fetch_ms = retry;
+                return;
+            }
+            expected = batch.next_offset();
+            last_epoch = batch.epoch;
+        }
+        f.last_fetch_success_ms = Some(now);
+        f.fetch_deadline_ms = now + self.config.fetch_timeout_ms;
+        for batch in resp.batches {
+            self.log.append(batch.base_offset, batch.next_offset(), batch.epoch);
+            self.actions.push(Action::AppendBatch(batch));
+        }
+        // A follower adopts the leader's HW, capped by its own log end.
+        let hw = resp.high_watermark.min(self.log.end_offset());
+        if hw > self.high_watermark {
+            self.high_watermark = hw;
+            self.actions.push(Action::HighWatermark(hw));
+        }
+    }
+
+    // ----------------------------------------------------------------
+    // Appends on the leader
+    // ----------------------------------------------------------------
+
+    /// With linger 0 the accumulator drains whenever no flush is in flight,
+    /// and what arrives during a flush goes into the next batch (group
+    /// commit); with a linger it drains when the oldest record has waited
+    /// that long. A full accumulator always drains.
+    fn maybe_drain_accumulator(&mut self) {
+        if self.accumulator.is_empty() {
+            return;
+        }
+        let linger = self.config.append_linger_ms;
+        let due = if linger == 0 {
+            self.flush_target.is_none()
+        } else {
+            self.accumulator.linger_deadline_ms(linger).map(|t| self.now_ms >= t).unwrap_or(false)
+        };
+        if due || self.accumulator.bytes() >= self.config.max_batch_bytes {
+            self.drain_accumulator();
+        }
+    }
+
+    fn drain_accumulator(&mut self) {
+        let records = self.accumulator.drain();
+        if !records.is_empty() {
+            self.append_as_leader(records);
+        }
+    }
+
+    fn append_as_leader(&mut self, records: Vec<Record>) {
+        let epoch = self.election.epoch;
+        let now = self.now_ms;
+        let Role::Leader(leader) = &mut self.role else { unreachable!("only a leader appends") };
+        leader.last_append_ms = now;
+        let batch = Batch::new(self.log.end_offset(), epoch, &records);
+        self.log.append(batch.base_offset, batch.next_offset(), epoch);
+        self.actions.push(Action::AppendBatch(batch));
+        // Followers may read the batch before our own flush completes.
+        self.poll_parked();
     }
 }

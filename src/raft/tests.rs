@@ -1,0 +1,769 @@
+//! Scenario tests of the engine, one rule each, in the spirit of Kafka's
+//! QuorumStateTest, LeaderStateTest and KafkaRaftClientTest.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::messages::*;
+
+const T: u64 = 1000; // election timeout
+const FETCH_T: u64 = 2000;
+
+fn config(me: NodeId, voters: &[NodeId]) -> RaftConfig {
+    let voters: BTreeMap<NodeId, String> = voters.iter().map(|id| (*id, format!("127.0.0.1:{}", 9000 + id))).collect();
+    RaftConfig::new(me, voters, format!("127.0.0.1:{}", 9000 + me))
+}
+
+fn start(me: NodeId, voters: &[NodeId], election: ElectionState) -> RaftNode {
+    RaftNode::new(config(me, voters), election, LogView::empty(), 0, 7)
+}
+
+fn log_of(epochs: &[(Epoch, Offset)], end: Offset) -> LogView {
+    LogView::new(0, 0, end, epochs.to_vec())
+}
+
+fn sent(actions: &[Action]) -> Vec<(NodeId, u64, RaftRequest)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { to, correlation_id, request } => Some((*to, *correlation_id, request.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn persisted(actions: &[Action]) -> Vec<ElectionState> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::PersistElection(s) => Some(s.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn responses(actions: &[Action]) -> Vec<RaftResponse> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Respond { response, .. } => Some(response.clone()),
+            Action::RespondFetch { response, .. } => Some(RaftResponse::Fetch(response.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn position(actions: &[Action], pred: impl Fn(&Action) -> bool) -> usize {
+    actions.iter().position(pred).expect("action present")
+}
+
+fn vote_req(epoch: Epoch, candidate: NodeId, last_epoch: Epoch, end: Offset, pre_vote: bool) -> RaftRequest {
+    RaftRequest::Vote(VoteRequest { epoch, candidate_id: candidate, last_epoch, last_epoch_end_offset: end, pre_vote })
+}
+
+fn granted(actions: &[Action]) -> bool {
+    match responses(actions).last() {
+        Some(RaftResponse::Vote(v)) => v.vote_granted,
+        other => panic!("no vote response: {other:?}"),
+    }
+}
+
+fn fetch_req(replica: NodeId, epoch: Epoch, offset: Offset, last_epoch: Epoch, wait: u64) -> RaftRequest {
+    RaftRequest::Fetch(FetchRequest {
+        replica_id: replica,
+        current_epoch: epoch,
+        fetch_offset: offset,
+        last_fetched_epoch: last_epoch,
+        max_wait_ms: wait,
+        max_bytes: 1 << 20,
+    })
+}
+
+/// Drives node 1 of {1,2,3} to leadership of epoch 1 at time `now`.
+fn elect_leader() -> (RaftNode, u64) {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    node.take_actions();
+    let mut now = 2 * T + 1;
+    node.tick(now);
+    let pre_votes = sent(&node.take_actions());
+    assert_eq!(node.role().role, RoleKind::Prospective);
+    let (to, corr, _) = pre_votes[0].clone();
+    node.handle_response(now, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 0, leader_id: None, vote_granted: true, pre_vote: true }));
+    let votes = sent(&node.take_actions());
+    assert_eq!(node.role().role, RoleKind::Candidate);
+    now += 1;
+    let (to, corr, _) = votes[0].clone();
+    node.handle_response(now, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 1, leader_id: None, vote_granted: true, pre_vote: false }));
+    assert_eq!(node.role().role, RoleKind::Leader);
+    (node, now)
+}
+
+// ---------------------------------------------------------------- start
+
+#[test]
+fn single_voter_elects_itself_on_start() {
+    let mut node = start(1, &[1], ElectionState::default());
+    let actions = node.take_actions();
+    assert_eq!(node.role().role, RoleKind::Leader);
+    assert_eq!(node.role().epoch, 1);
+    let states = persisted(&actions);
+    assert_eq!(states[0], ElectionState { epoch: 1, voted_for: Some(1), leader_id: None });
+    assert_eq!(states[1], ElectionState { epoch: 1, voted_for: Some(1), leader_id: Some(1) });
+    let append = position(&actions, |a| matches!(a, Action::AppendBatch(_)));
+    let Action::AppendBatch(batch) = &actions[append] else { unreachable!() };
+    assert_eq!(batch.records().unwrap(), vec![Record::LeaderChange { leader_id: 1, voters: vec![1], granting_voters: vec![1] }]);
+    assert!(actions[append..].contains(&Action::Flush));
+    assert_eq!(node.high_watermark(), 0, "nothing commits before the leader's own flush");
+    node.on_flushed(1, 1);
+    assert_eq!(node.high_watermark(), 1);
+    assert!(node.take_actions().contains(&Action::HighWatermark(1)));
+}
+
+#[test]
+fn restart_states_follow_the_persisted_election_state() {
+    let leader = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: Some(1) });
+    assert_eq!(leader.role().role, RoleKind::Resigned, "a former leader starts Resigned");
+    let candidate = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: None });
+    assert_eq!(candidate.role().role, RoleKind::Candidate);
+    assert_eq!(candidate.role().epoch, 4, "a restarted candidate keeps its epoch");
+    let follower = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(2), leader_id: Some(3) });
+    assert_eq!((follower.role().role, follower.role().leader_id), (RoleKind::Follower, Some(3)));
+    let voted = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(2), leader_id: None });
+    assert_eq!((voted.role().role, voted.role().voted_for), (RoleKind::Unattached, Some(2)));
+    let observer = start(9, &[1, 2, 3], ElectionState { epoch: 4, voted_for: None, leader_id: Some(2) });
+    assert_eq!(observer.role().role, RoleKind::Follower);
+    assert!(!observer.role().is_voter);
+}
+
+#[test]
+fn a_restarted_candidate_asks_again_in_the_same_epoch() {
+    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: None });
+    let actions = node.take_actions();
+    assert!(persisted(&actions).is_empty());
+    let votes = sent(&actions);
+    assert_eq!(votes.len(), 2);
+    assert!(votes.iter().all(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.epoch == 4 && !v.pre_vote)));
+}
+
+// ---------------------------------------------------------------- elections
+
+#[test]
+fn unattached_times_out_into_prospective_without_bumping_the_epoch() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    node.take_actions();
+    node.tick(T - 1);
+    assert_eq!(node.role().role, RoleKind::Unattached, "the election timeout is at least T");
+    node.tick(2 * T);
+    let actions = node.take_actions();
+    assert_eq!(node.role().role, RoleKind::Prospective);
+    assert_eq!(node.role().epoch, 0);
+    assert!(persisted(&actions).is_empty(), "Prospective is never persisted");
+    let requests = sent(&actions);
+    assert_eq!(requests.len(), 2);
+    for (_, _, r) in requests {
+        assert_eq!(r, vote_req(1, 1, 0, 0, true), "a pre-vote names the epoch it would campaign in");
+    }
+}
+
+#[test]
+fn prospective_becomes_candidate_on_a_majority_and_persists_before_asking() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    node.tick(2 * T);
+    let pre_votes = sent(&node.take_actions());
+    let (to, corr, _) = pre_votes[0].clone();
+    node.handle_response(2 * T, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 0, leader_id: None, vote_granted: true, pre_vote: true }));
+    let actions = node.take_actions();
+    assert_eq!(node.role().role, RoleKind::Candidate);
+    let persist = position(&actions, |a| matches!(a, Action::PersistElection(s) if s.epoch == 1 && s.voted_for == Some(1)));
+    let first_send = position(&actions, |a| matches!(a, Action::Send { .. }));
+    assert!(persist < first_send, "the candidate's own vote is durable before it asks for others");
+}
+
+#[test]
+fn prospective_returns_to_unattached_when_the_election_times_out() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    node.tick(2 * T);
+    assert_eq!(node.role().role, RoleKind::Prospective);
+    node.tick(4 * T + 1);
+    assert_eq!(node.role().role, RoleKind::Unattached);
+    assert_eq!(node.role().epoch, 0);
+}
+
+#[test]
+fn candidate_becomes_leader_and_writes_leader_change_first() {
+    let (mut node, _) = elect_leader();
+    let actions = node.take_actions();
+    let persist = position(&actions, |a| matches!(a, Action::PersistElection(s) if s.leader_id == Some(1)));
+    let append = position(&actions, |a| matches!(a, Action::AppendBatch(_)));
+    assert!(persist < append);
+    let Action::AppendBatch(batch) = &actions[append] else { unreachable!() };
+    assert_eq!((batch.base_offset, batch.epoch), (0, 1));
+    match &batch.records().unwrap()[0] {
+        Record::LeaderChange { leader_id, voters, granting_voters } => {
+            assert_eq!(*leader_id, 1);
+            assert_eq!(voters, &vec![1, 2, 3]);
+            assert_eq!(granting_voters.len(), 2);
+        }
+        other => panic!("first record of the epoch is {other:?}"),
+    }
+    let begin: Vec<_> = sent(&actions).into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::BeginQuorumEpoch(_))).collect();
+    assert_eq!(begin.len(), 2, "BeginQuorumEpoch goes to both other voters");
+}
+
+#[test]
+fn candidate_backs_off_then_campaigns_in_the_next_epoch() {
+    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: None });
+    node.take_actions();
+    node.tick(2 * T + 1);
+    assert_eq!((node.role().role, node.role().epoch), (RoleKind::Candidate, 4), "backing off, same epoch");
+    node.tick(2 * T + 1 + 1000 + 1);
+    let actions = node.take_actions();
+    assert_eq!((node.role().role, node.role().epoch), (RoleKind::Candidate, 5));
+    assert_eq!(persisted(&actions), vec![ElectionState { epoch: 5, voted_for: Some(1), leader_id: None }]);
+}
+
+#[test]
+fn candidate_rejected_by_a_majority_backs_off_at_once() {
+    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: None });
+    let votes = sent(&node.take_actions());
+    for (to, corr, _) in votes {
+        node.handle_response(10, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 4, leader_id: None, vote_granted: false, pre_vote: false }));
+    }
+    node.take_actions();
+    // Backoff is at most election_backoff_max_ms, far less than 2T.
+    node.tick(10 + 1001);
+    assert_eq!(node.role().epoch, 5);
+}
+
+#[test]
+fn election_backoff_is_capped() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    for retries in 1..40 {
+        let b = node.election_backoff_ms(retries);
+        assert!((100..=1000).contains(&b), "backoff {b} after {retries} retries");
+    }
+}
+
+// ---------------------------------------------------------------- voting
+
+#[test]
+fn a_vote_is_persisted_before_it_is_answered() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    node.take_actions();
+    node.handle_request(5, 2, 77, vote_req(1, 2, 0, 0, false));
+    let actions = node.take_actions();
+    let persist = position(&actions, |a| matches!(a, Action::PersistElection(s) if s.voted_for == Some(2) && s.epoch == 1));
+    let reply = position(&actions, |a| matches!(a, Action::Respond { request_id: 77, .. }));
+    assert!(persist < reply);
+    assert!(granted(&actions));
+}
+
+#[test]
+fn one_vote_per_epoch() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    node.handle_request(5, 2, 1, vote_req(1, 2, 0, 0, false));
+    assert!(granted(&node.take_actions()));
+    node.handle_request(6, 3, 2, vote_req(1, 3, 0, 0, false));
+    assert!(!granted(&node.take_actions()), "never a second candidate in one epoch");
+    node.handle_request(7, 2, 3, vote_req(1, 2, 0, 0, false));
+    assert!(granted(&node.take_actions()), "the same candidate again is fine");
+    node.handle_request(8, 3, 4, vote_req(2, 3, 0, 0, false));
+    let actions = node.take_actions();
+    assert!(granted(&actions), "a higher epoch is a new election");
+    assert_eq!(node.election_state(), &ElectionState { epoch: 2, voted_for: Some(3), leader_id: None });
+}
+
+#[test]
+fn votes_compare_logs_lexicographically() {
+    // Our log: epoch 1 at [0,2), epoch 3 at [2,5).
+    let log = log_of(&[(1, 0), (3, 2)], 5);
+    let mut node = RaftNode::new(config(1, &[1, 2, 3]), ElectionState { epoch: 3, voted_for: None, leader_id: None }, log, 0, 1);
+    node.handle_request(1, 2, 1, vote_req(4, 2, 2, 100, false));
+    assert!(!granted(&node.take_actions()), "an older last epoch loses however long its log");
+    node.handle_request(1, 2, 2, vote_req(5, 2, 3, 4, false));
+    assert!(!granted(&node.take_actions()), "same last epoch, shorter log");
+    node.handle_request(1, 3, 3, vote_req(6, 3, 4, 1, false));
+    assert!(granted(&node.take_actions()), "a newer last epoch wins however short its log");
+}
+
+#[test]
+fn a_stale_epoch_vote_is_refused_without_state_change() {
+    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 5, voted_for: None, leader_id: None });
+    node.take_actions();
+    node.handle_request(1, 2, 1, vote_req(4, 2, 0, 0, false));
+    let actions = node.take_actions();
+    assert!(!granted(&actions));
+    assert!(persisted(&actions).is_empty());
+    assert_eq!(node.role().epoch, 5);
+}
+
+#[test]
+fn a_follower_refuses_votes_in_its_leaders_epoch() {
+    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 5, voted_for: None, leader_id: Some(2) });
+    node.handle_request(1, 3, 1, vote_req(5, 3, 9, 9, false));
+    assert!(!granted(&node.take_actions()));
+}
+
+#[test]
+fn pre_vote_changes_nothing_and_respects_a_live_leader() {
+    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 5, voted_for: None, leader_id: Some(2) });
+    let fetch = sent(&node.take_actions());
+    let (to, corr, _) = fetch[0].clone();
+    // A successful fetch from the leader: it is live.
+    node.handle_response(10, to, corr, RaftResponse::Fetch(FetchResponse {
+        error: ErrorCode::None, epoch: 5, leader_id: Some(2), high_watermark: 0, log_start_offset: 0,
+        diverging_epoch: None, snapshot_id: None, batches: vec![],
+    }));
+    node.take_actions();
+    node.handle_request(20, 3, 1, vote_req(6, 3, 9, 9, true));
+    let actions = node.take_actions();
+    assert!(!granted(&actions), "a follower with a live leader refuses pre-votes");
+    assert!(persisted(&actions).is_empty());
+    assert_eq!(node.role().epoch, 5, "a pre-vote never bumps the epoch");
+    // After the fetch timeout the leader is presumed gone.
+    let mut unattached = start(1, &[1, 2, 3], ElectionState { epoch: 5, voted_for: Some(2), leader_id: None });
+    unattached.take_actions();
+    unattached.handle_request(20, 3, 1, vote_req(6, 3, 9, 9, true));
+    let actions = unattached.take_actions();
+    assert!(granted(&actions), "pre-votes ignore our earlier vote");
+    assert!(persisted(&actions).is_empty());
+    assert_eq!(unattached.election_state().voted_for, Some(2));
+}
+
+#[test]
+fn a_non_voter_candidate_is_refused() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    node.handle_request(1, 9, 1, vote_req(1, 9, 0, 0, false));
+    match responses(&node.take_actions()).last() {
+        Some(RaftResponse::Vote(v)) => {
+            assert!(!v.vote_granted);
+            assert_eq!(v.error, ErrorCode::InconsistentVoterSet);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_higher_epoch_in_any_response_moves_us_into_it() {
+    let (mut node, now) = elect_leader();
+    let actions = node.take_actions();
+    let (to, corr, _) = sent(&actions).into_iter().find(|(_, _, r)| matches!(r, RaftRequest::BeginQuorumEpoch(_))).unwrap();
+    node.handle_response(now, to, corr, RaftResponse::BeginQuorumEpoch(QuorumEpochResponse { error: ErrorCode::FencedLeaderEpoch, epoch: 7, leader_id: Some(3) }));
+    assert_eq!((node.role().role, node.role().epoch, node.role().leader_id), (RoleKind::Follower, 7, Some(3)));
+    assert_eq!(persisted(&node.take_actions()).last().unwrap().epoch, 7);
+}
+
+// ---------------------------------------------------------------- BeginQuorumEpoch / EndQuorumEpoch
+
+#[test]
+fn begin_quorum_epoch_makes_a_follower() {
+    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 2, voted_for: Some(3), leader_id: None });
+    node.handle_request(1, 3, 1, RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest { epoch: 2, leader_id: 3, leader_endpoint: "x".into() }));
+    let actions = node.take_actions();
+    assert_eq!((node.role().role, node.role().leader_id), (RoleKind::Follower, Some(3)));
+    assert_eq!(persisted(&actions), vec![ElectionState { epoch: 2, voted_for: Some(3), leader_id: Some(3) }], "the vote is kept");
+    node.handle_request(2, 2, 2, RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest { epoch: 1, leader_id: 2, leader_endpoint: "x".into() }));
+    match responses(&node.take_actions()).last() {
+        Some(RaftResponse::BeginQuorumEpoch(r)) => assert_eq!((r.error, r.epoch), (ErrorCode::FencedLeaderEpoch, 2)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn leader_resends_begin_quorum_epoch_to_voters_that_have_not_fetched() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.handle_request(now + 1, 2, 1, fetch_req(2, 1, 0, 0, 0));
+    node.take_actions();
+    // After the first BeginQuorumEpoch timed out unanswered.
+    node.tick(now + FETCH_T + 1);
+    let resent: Vec<NodeId> = sent(&node.take_actions())
+        .into_iter()
+        .filter(|(_, _, r)| matches!(r, RaftRequest::BeginQuorumEpoch(_)))
+        .map(|(to, _, _)| to)
+        .collect();
+    assert_eq!(resent, vec![3]);
+}
+
+#[test]
+fn graceful_resignation_names_successors_by_replicated_offset() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.on_flushed(now, 1);
+    node.handle_request(now, 3, 1, fetch_req(3, 1, 1, 1, 0));
+    node.take_actions();
+    node.resign(now + 1);
+    let actions = node.take_actions();
+    assert_eq!(node.role().role, RoleKind::Resigned);
+    let ends: Vec<_> = sent(&actions)
+        .into_iter()
+        .filter_map(|(to, _, r)| match r {
+            RaftRequest::EndQuorumEpoch(e) => Some((to, e.preferred_successors)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends.len(), 2);
+    assert!(ends.iter().all(|(_, s)| s == &vec![3, 2]), "{ends:?}");
+    assert!(matches!(node.propose(now + 2, vec![Record::NoOp]), Err(ProposeError::NotLeader { .. })));
+}
+
+#[test]
+fn end_quorum_epoch_makes_the_first_successor_campaign_at_once() {
+    let mut node = start(3, &[1, 2, 3], ElectionState { epoch: 2, voted_for: None, leader_id: Some(1) });
+    node.take_actions();
+    node.handle_request(100, 1, 1, RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest { epoch: 2, leader_id: 1, preferred_successors: vec![3, 2] }));
+    node.tick(100);
+    assert_eq!(node.role().role, RoleKind::Prospective, "rank 0 waits no time");
+    let mut second = start(2, &[1, 2, 3], ElectionState { epoch: 2, voted_for: None, leader_id: Some(1) });
+    second.handle_request(100, 1, 1, RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest { epoch: 2, leader_id: 1, preferred_successors: vec![3, 2] }));
+    second.tick(150);
+    assert_eq!(second.role().role, RoleKind::Follower);
+    second.tick(201);
+    assert_eq!(second.role().role, RoleKind::Prospective, "rank 1 waits the base backoff");
+}
+
+// ---------------------------------------------------------------- leader: fetch and HW
+
+#[test]
+fn high_watermark_needs_a_majority_past_the_epoch_start() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    let p = node.propose(now, vec![Record::Data(b"a".to_vec())]).unwrap();
+    // Linger 0 with a flush in flight: it waits for the next batch.
+    assert_eq!((p.base_offset, p.last_offset, p.epoch), (1, 1, 1));
+    node.on_flushed(now, 1);
+    assert_eq!(node.high_watermark(), 0, "the leader alone is no majority");
+    let actions = node.take_actions();
+    assert!(actions.iter().any(|a| matches!(a, Action::AppendBatch(b) if b.base_offset == 1)), "{actions:?}");
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 0));
+    assert_eq!(node.high_watermark(), 1, "leader (flushed to 1) + follower at 1");
+    node.handle_request(now, 2, 2, fetch_req(2, 1, 2, 1, 0));
+    assert_eq!(node.high_watermark(), 1, "the leader has not flushed offset 1 yet");
+    node.on_flushed(now, 2);
+    assert_eq!(node.high_watermark(), 2);
+}
+
+#[test]
+fn leader_does_not_commit_an_old_epoch_until_its_own_record_commits() {
+    // Log from epoch 1: [0, 5). Elected in epoch 2 → LeaderChange at 5.
+    let log = log_of(&[(1, 0)], 5);
+    let mut node = RaftNode::new(config(1, &[1, 2, 3]), ElectionState { epoch: 1, voted_for: Some(1), leader_id: None }, log, 0, 1);
+    node.tick(2 * T + 1);
+    let backoff_done = 2 * T + 1 + 1001;
+    node.tick(backoff_done);
+    let votes: Vec<_> = sent(&node.take_actions()).into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.epoch == 2)).collect();
+    let (to, corr, _) = votes[0].clone();
+    node.handle_response(backoff_done, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 2, leader_id: None, vote_granted: true, pre_vote: false }));
+    assert_eq!(node.role().role, RoleKind::Leader);
+    node.on_flushed(backoff_done, 6);
+    node.handle_request(backoff_done, 2, 1, fetch_req(2, 2, 5, 1, 0));
+    assert_eq!(node.high_watermark(), 0, "offset 5 is the epoch start: nothing commits yet");
+    node.handle_request(backoff_done, 2, 2, fetch_req(2, 2, 6, 2, 0));
+    assert_eq!(node.high_watermark(), 6);
+}
+
+#[test]
+fn a_diverging_fetch_is_told_where_to_truncate() {
+    // Leader log: epoch 1 [0,3), epoch 3 [3,6); leader of epoch 4.
+    let log = log_of(&[(1, 0), (3, 3)], 6);
+    let mut node = RaftNode::new(config(1, &[1, 2, 3]), ElectionState { epoch: 4, voted_for: Some(1), leader_id: None }, log, 0, 1);
+    let votes = sent(&node.take_actions());
+    let (to, corr, _) = votes[0].clone();
+    node.handle_response(1, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 4, leader_id: None, vote_granted: true, pre_vote: false }));
+    assert_eq!(node.role().role, RoleKind::Leader);
+    node.take_actions();
+    // Follower has epoch 2 entries up to 5, which we never had.
+    node.handle_request(2, 2, 1, fetch_req(2, 4, 5, 2, 0));
+    match responses(&node.take_actions()).last() {
+        Some(RaftResponse::Fetch(f)) => assert_eq!(f.diverging_epoch, Some(DivergingEpoch { epoch: 1, end_offset: 3 })),
+        other => panic!("{other:?}"),
+    }
+    // Same epoch but past where it ends in our log.
+    node.handle_request(2, 2, 2, fetch_req(2, 4, 4, 1, 0));
+    match responses(&node.take_actions()).last() {
+        Some(RaftResponse::Fetch(f)) => assert_eq!(f.diverging_epoch, Some(DivergingEpoch { epoch: 1, end_offset: 3 })),
+        other => panic!("{other:?}"),
+    }
+    // A true prefix reads data.
+    node.handle_request(2, 2, 3, fetch_req(2, 4, 3, 1, 0));
+    let actions = node.take_actions();
+    assert!(actions.iter().any(|a| matches!(a, Action::RespondFetch { read: Some(ReadRange { from: 3, until: 7, .. }), .. })), "{actions:?}");
+}
+
+#[test]
+fn fetches_with_a_wrong_epoch_are_refused() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.handle_request(now, 2, 1, fetch_req(2, 0, 0, 0, 0));
+    node.handle_request(now, 2, 2, fetch_req(2, 9, 0, 0, 0));
+    let errors: Vec<ErrorCode> = responses(&node.take_actions())
+        .into_iter()
+        .map(|r| match r {
+            RaftResponse::Fetch(f) => f.error,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(errors, vec![ErrorCode::FencedLeaderEpoch, ErrorCode::UnknownLeaderEpoch]);
+}
+
+#[test]
+fn a_caught_up_fetch_parks_until_data_or_timeout() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.on_flushed(now, 1);
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
+    let actions = node.take_actions();
+    assert_eq!(responses(&actions).len(), 1, "this fetch moved the HW: answered at once");
+    assert!(actions.contains(&Action::HighWatermark(1)));
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
+    let actions = node.take_actions();
+    assert!(responses(&actions).is_empty(), "parked: {actions:?}");
+    node.propose(now + 10, vec![Record::Data(b"x".to_vec())]).unwrap();
+    let actions = node.take_actions();
+    assert!(actions.iter().any(|a| matches!(a, Action::RespondFetch { request_id: 1, read: Some(ReadRange { from: 1, until: 2, .. }), .. })), "woken by the append: {actions:?}");
+    node.handle_request(now + 20, 3, 2, fetch_req(3, 1, 2, 1, 500));
+    assert!(responses(&node.take_actions()).is_empty());
+    node.tick(now + 420);
+    assert!(responses(&node.take_actions()).is_empty());
+    // The idle leader's NoOp (500 ms after the last append) wakes it.
+    node.tick(now + 510);
+    let actions = node.take_actions();
+    assert!(actions.iter().any(|a| matches!(a, Action::RespondFetch { request_id: 2, read: Some(ReadRange { from: 2, until: 3, .. }), .. })), "{actions:?}");
+    node.handle_request(now + 600, 3, 3, fetch_req(3, 1, 3, 1, 100));
+    node.tick(now + 699);
+    assert!(responses(&node.take_actions()).is_empty());
+    node.tick(now + 700);
+    let actions = node.take_actions();
+    assert!(actions.iter().any(|a| matches!(a, Action::RespondFetch { request_id: 3, read: None, .. })), "answered empty at max_wait: {actions:?}");
+}
+
+#[test]
+fn check_quorum_failure_resigns_the_leader() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.tick(now + FETCH_T * 3 / 2 - 1);
+    assert_eq!(node.role().role, RoleKind::Leader);
+    node.tick(now + FETCH_T * 3 / 2);
+    assert_eq!(node.role().role, RoleKind::Resigned);
+    let ends = sent(&node.take_actions()).into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::EndQuorumEpoch(_))).count();
+    assert_eq!(ends, 2);
+}
+
+#[test]
+fn check_quorum_holds_while_a_majority_fetches() {
+    let (mut node, mut now) = elect_leader();
+    for _ in 0..10 {
+        now += FETCH_T;
+        node.handle_request(now, 2, now, fetch_req(2, 1, 0, 0, 0));
+        node.tick(now);
+        assert_eq!(node.role().role, RoleKind::Leader);
+    }
+}
+
+#[test]
+fn idle_leader_appends_noop_records() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.on_flushed(now, 1);
+    node.tick(now + 499);
+    assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
+    node.tick(now + 500);
+    let actions = node.take_actions();
+    let noop = actions.iter().find_map(|a| match a {
+        Action::AppendBatch(b) => Some(b.records().unwrap()),
+        _ => None,
+    });
+    assert_eq!(noop, Some(vec![Record::NoOp]));
+}
+
+#[test]
+fn observers_are_tracked_but_never_count_toward_the_high_watermark() {
+    let (mut node, now) = elect_leader();
+    node.on_flushed(now, 1);
+    node.handle_request(now, 9, 1, fetch_req(9, 1, 1, 1, 0));
+    assert_eq!(node.high_watermark(), 0);
+    let d = node.describe(now);
+    assert_eq!(d.observers.len(), 1);
+    assert_eq!(d.voters.len(), 3);
+}
+
+// ---------------------------------------------------------------- accumulator
+
+#[test]
+fn appends_during_a_flush_go_into_one_next_batch() {
+    let (mut node, now) = elect_leader();
+    node.take_actions(); // LeaderChange appended, flush in flight
+    for i in 0..5u8 {
+        node.propose(now, vec![Record::Data(vec![i])]).unwrap();
+    }
+    assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))), "waits for the flush");
+    node.on_flushed(now, 1);
+    let batches: Vec<Batch> = node.take_actions().into_iter().filter_map(|a| match a {
+        Action::AppendBatch(b) => Some(b),
+        _ => None,
+    }).collect();
+    assert_eq!(batches.len(), 1);
+    assert_eq!((batches[0].base_offset, batches[0].record_count), (1, 5));
+}
+
+#[test]
+fn a_lone_append_on_an_idle_leader_is_written_at_once() {
+    let (mut node, now) = elect_leader();
+    node.on_flushed(now, 1);
+    node.take_actions();
+    node.propose(now, vec![Record::Data(b"a".to_vec())]).unwrap();
+    let actions = node.take_actions();
+    assert!(actions.iter().any(|a| matches!(a, Action::AppendBatch(_))));
+    assert!(actions.contains(&Action::Flush));
+}
+
+#[test]
+fn linger_holds_appends_until_it_expires() {
+    let mut cfg = config(1, &[1]);
+    cfg.append_linger_ms = 25;
+    let mut node = RaftNode::new(cfg, ElectionState::default(), LogView::empty(), 0, 1);
+    node.on_flushed(0, 1);
+    node.take_actions();
+    node.propose(10, vec![Record::Data(b"a".to_vec())]).unwrap();
+    assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
+    node.tick(34);
+    assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
+    node.tick(35);
+    assert!(node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
+}
+
+#[test]
+fn batches_are_capped_by_max_batch_bytes() {
+    let mut cfg = config(1, &[1]);
+    cfg.max_batch_bytes = 100;
+    let mut node = RaftNode::new(cfg, ElectionState::default(), LogView::empty(), 0, 1);
+    node.take_actions(); // flush of the LeaderChange in flight
+    assert!(matches!(node.propose(1, vec![Record::Data(vec![0; 200])]), Err(ProposeError::TooLarge { .. })));
+    node.propose(1, vec![Record::Data(vec![0; 60])]).unwrap();
+    let p = node.propose(1, vec![Record::Data(vec![0; 60])]).unwrap();
+    assert_eq!(p.base_offset, 2);
+    let appended = node.take_actions().iter().filter(|a| matches!(a, Action::AppendBatch(_))).count();
+    assert_eq!(appended, 1, "the first batch was full and written without waiting");
+    assert!(matches!(node.propose(1, vec![]), Err(ProposeError::Empty)));
+}
+
+// ---------------------------------------------------------------- follower
+
+fn follower_with_fetch() -> (RaftNode, u64) {
+    let mut node = start(2, &[1, 2, 3], ElectionState { epoch: 1, voted_for: Some(1), leader_id: Some(1) });
+    let fetch = sent(&node.take_actions());
+    assert!(matches!(fetch[0].2, RaftRequest::Fetch(_)));
+    (node, fetch[0].1)
+}
+
+fn data_response(epoch: Epoch, hw: Offset, batches: Vec<Batch>) -> RaftResponse {
+    RaftResponse::Fetch(FetchResponse { error: ErrorCode::None, epoch, leader_id: Some(1), high_watermark: hw, log_start_offset: 0, diverging_epoch: None, snapshot_id: None, batches })
+}
+
+#[test]
+fn a_voter_fetches_again_only_after_its_flush() {
+    let (mut node, corr) = follower_with_fetch();
+    let batch = Batch::new(0, 1, &[Record::NoOp, Record::NoOp]);
+    node.handle_response(5, 1, corr, data_response(1, 2, vec![batch]));
+    let actions = node.take_actions();
+    assert!(actions.iter().any(|a| matches!(a, Action::AppendBatch(_))));
+    assert!(actions.contains(&Action::Flush));
+    assert!(sent(&actions).is_empty(), "no fetch (= acknowledgement) before the flush");
+    assert_eq!(node.high_watermark(), 2, "HW adopted, capped by the log end");
+    node.on_flushed(6, 2);
+    let fetch = sent(&node.take_actions());
+    match &fetch[0].2 {
+        RaftRequest::Fetch(f) => assert_eq!((f.fetch_offset, f.last_fetched_epoch), (2, 1)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_follower_caps_the_leaders_high_watermark_at_its_log_end() {
+    let (mut node, corr) = follower_with_fetch();
+    node.handle_response(5, 1, corr, data_response(1, 10, vec![Batch::new(0, 1, &[Record::NoOp])]));
+    assert_eq!(node.high_watermark(), 1);
+}
+
+#[test]
+fn a_damaged_or_misplaced_batch_is_not_written() {
+    let (mut node, corr) = follower_with_fetch();
+    let mut bad = Batch::new(0, 1, &[Record::NoOp]);
+    bad.crc ^= 1;
+    node.handle_response(5, 1, corr, data_response(1, 1, vec![bad]));
+    assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
+    assert_eq!(node.log().end_offset(), 0);
+    let (mut node, corr) = follower_with_fetch();
+    node.handle_response(5, 1, corr, data_response(1, 1, vec![Batch::new(3, 1, &[Record::NoOp])]));
+    assert_eq!(node.log().end_offset(), 0, "a gap is refused");
+}
+
+#[test]
+fn divergence_truncates_to_the_common_prefix() {
+    // Follower: epoch 1 [0,3), epoch 2 [3,6). Leader says epoch 1 ends at 3.
+    let log = log_of(&[(1, 0), (2, 3)], 6);
+    let mut node = RaftNode::new(config(2, &[1, 2, 3]), ElectionState { epoch: 3, voted_for: None, leader_id: Some(1) }, log, 0, 1);
+    let fetch = sent(&node.take_actions());
+    let corr = fetch[0].1;
+    let mut resp = FetchResponse { error: ErrorCode::None, epoch: 3, leader_id: Some(1), high_watermark: 2, log_start_offset: 0, diverging_epoch: Some(DivergingEpoch { epoch: 1, end_offset: 3 }), snapshot_id: None, batches: vec![] };
+    node.handle_response(1, 1, corr, RaftResponse::Fetch(resp.clone()));
+    let actions = node.take_actions();
+    assert!(actions.contains(&Action::Truncate { end_offset: 3 }));
+    assert_eq!(node.log().end_offset(), 3);
+    let fetch = sent(&actions);
+    match &fetch[0].2 {
+        RaftRequest::Fetch(f) => assert_eq!((f.fetch_offset, f.last_fetched_epoch), (3, 1)),
+        other => panic!("{other:?}"),
+    }
+    // Never below the high watermark.
+    node.handle_response(2, 1, fetch[0].1, data_response(3, 3, vec![]));
+    assert_eq!(node.high_watermark(), 3);
+    let fetch = sent(&node.take_actions());
+    resp.diverging_epoch = Some(DivergingEpoch { epoch: 1, end_offset: 1 });
+    node.handle_response(101, 1, fetch[0].1, RaftResponse::Fetch(resp));
+    assert!(!node.take_actions().iter().any(|a| matches!(a, Action::Truncate { .. })));
+    assert_eq!(node.log().end_offset(), 3);
+}
+
+#[test]
+fn a_follower_without_fetches_becomes_prospective() {
+    let (mut node, _) = follower_with_fetch();
+    node.tick(FETCH_T - 1);
+    assert_eq!(node.role().role, RoleKind::Follower);
+    node.tick(FETCH_T);
+    assert_eq!(node.role().role, RoleKind::Prospective);
+    assert_eq!(node.role().epoch, 1);
+}
+
+#[test]
+fn proposals_to_a_follower_name_the_leader() {
+    let (mut node, _) = follower_with_fetch();
+    assert_eq!(node.propose(1, vec![Record::NoOp]), Err(ProposeError::NotLeader { leader_id: Some(1), epoch: 1 }));
+}
+
+#[test]
+fn a_flush_does_not_cover_a_truncation_issued_after_it() {
+    let (mut node, corr) = follower_with_fetch();
+    node.handle_response(5, 1, corr, data_response(1, 0, vec![Batch::new(0, 1, &[Record::NoOp, Record::NoOp, Record::NoOp])]));
+    node.take_actions(); // Flush in flight for end 3
+    node.truncate_log(1);
+    node.log.append(1, 2, 2);
+    node.on_flushed(6, 2);
+    assert_eq!(node.log().flushed_end(), 1, "offset 1 of epoch 2 was written after the flush began");
+}
+
+// ---------------------------------------------------------------- observers
+
+#[test]
+fn an_observer_never_campaigns_and_finds_the_leader_by_fetching() {
+    let mut node = start(9, &[1, 2, 3], ElectionState::default());
+    let fetch = sent(&node.take_actions());
+    assert_eq!(fetch.len(), 1);
+    let (to, corr, _) = fetch[0].clone();
+    node.tick(10 * T);
+    assert_eq!(node.role().role, RoleKind::Unattached, "no election timeout for observers");
+    node.handle_response(10 * T, to, corr, RaftResponse::Fetch(FetchResponse { error: ErrorCode::NotLeaderOrFollower, epoch: 3, leader_id: Some(2), high_watermark: 0, log_start_offset: 0, diverging_epoch: None, snapshot_id: None, batches: vec![] }));
+    assert_eq!((node.role().role, node.role().leader_id), (RoleKind::Follower, Some(2)));
+    node.handle_request(10 * T, 1, 1, vote_req(4, 1, 9, 9, false));
+    assert!(!granted(&node.take_actions()), "observers do not vote");
+}
