@@ -358,7 +358,11 @@ impl RaftNode {
             RaftRequest::Vote(req) => self.handle_vote_request(from, request_id, req),
             RaftRequest::BeginQuorumEpoch(req) => self.handle_begin_quorum_epoch(from, request_id, req),
             RaftRequest::EndQuorumEpoch(req) => self.handle_end_quorum_epoch(from, request_id, req),
-            RaftRequest::Fetch(req) => self.handle_fetch_request(request_id, req),
+            RaftRequest::Fetch(req) if req.replica_id == from => self.handle_fetch_request(request_id, req),
+            RaftRequest::Fetch(_) => {
+                let response = self.fetch_error(ErrorCode::InvalidRequest);
+                self.actions.push(Action::RespondFetch { to: from, request_id, response, read: None });
+            }
             RaftRequest::DescribeQuorum => {
                 let response = RaftResponse::DescribeQuorum(self.describe(self.now_ms));
                 self.respond(from, request_id, response);
@@ -375,16 +379,13 @@ impl RaftNode {
     /// The response to our `Send` with `correlation_id`.
     pub fn handle_response(&mut self, now_ms: u64, from: NodeId, correlation_id: u64, response: RaftResponse) {
         self.advance_clock(now_ms);
-        let Some(sent) = self.inflight.remove(&correlation_id) else {
+        let Some(sent) = self.inflight.get(&correlation_id).copied().filter(|s| s.to == from) else {
             // Timed out already, or a duplicate: only its epoch may teach us.
             self.observe_response_epoch(&response);
             self.poll();
             return;
         };
-        if sent.to != from {
-            self.poll();
-            return;
-        }
+        self.inflight.remove(&correlation_id);
         let current = sent.generation == self.generation;
         match response {
             RaftResponse::Vote(resp) => self.handle_vote_response(from, sent, current, resp),
@@ -533,6 +534,8 @@ impl RaftNode {
             Role::Unattached(s) => {
                 if self.config.is_voter() {
                     s.election_deadline_ms
+                } else if self.has_inflight(RequestKind::Fetch) {
+                    u64::MAX
                 } else {
                     s.next_discovery_ms
                 }
@@ -542,17 +545,31 @@ impl RaftNode {
                 Some(t) => t,
                 None => c.round.election_deadline_ms.min(Self::min_retry(&c.round)),
             },
+            // Only deadlines that `poll` acts on count, or a shell would spin.
             Role::Leader(l) => {
-                let mut t = l.check_quorum_deadline_ms.min(l.last_append_ms + self.config.max_idle_interval_ms);
+                let mut t = u64::MAX;
+                if self.config.majority() > 1 {
+                    t = t.min(l.check_quorum_deadline_ms);
+                }
+                if self.accumulator.is_empty() {
+                    t = t.min(l.last_append_ms + self.config.max_idle_interval_ms);
+                } else if self.config.append_linger_ms > 0 {
+                    let linger = self.accumulator.linger_deadline_ms(self.config.append_linger_ms);
+                    t = t.min(linger.unwrap_or(u64::MAX));
+                }
                 if !l.voters_without_fetch().is_empty() {
                     t = t.min(l.begin_quorum_resend_ms);
                 }
-                if let Some(linger) = self.accumulator.linger_deadline_ms(self.config.append_linger_ms) {
-                    t = t.min(linger);
-                }
                 t
             }
-            Role::Follower(f) => f.fetch_deadline_ms.min(f.next_fetch_ms),
+            Role::Follower(f) => {
+                let blocked = self.has_inflight(RequestKind::Fetch) || (self.config.is_voter() && self.log.has_unflushed());
+                if blocked {
+                    f.fetch_deadline_ms
+                } else {
+                    f.fetch_deadline_ms.min(f.next_fetch_ms)
+                }
+            }
             Role::Resigned(r) => {
                 let pending = r.retry_at_ms.iter().filter(|(id, _)| !r.acked.contains(id)).map(|(_, t)| *t).min();
                 r.election_deadline_ms.min(pending.unwrap_or(u64::MAX))
@@ -1075,9 +1092,9 @@ impl RaftNode {
         let leader_id = match &self.role {
             Role::Follower(f) => Some(f.leader_id),
             Role::Leader(_) | Role::Resigned(_) => Some(self.config.node_id),
-            // Prospective keeps the persisted knowledge of its epoch.
-            Role::Prospective(_) => self.election.leader_id,
-            Role::Unattached(_) | Role::Candidate(_) => None,
+            // Prospective and Unattached keep what was persisted of this epoch.
+            Role::Prospective(_) | Role::Unattached(_) => self.election.leader_id,
+            Role::Candidate(_) => None,
         };
         VoterView {
             voted_for: self.election.voted_for,

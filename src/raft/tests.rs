@@ -767,3 +767,20 @@ fn an_observer_never_campaigns_and_finds_the_leader_by_fetching() {
     node.handle_request(10 * T, 1, 1, vote_req(4, 1, 9, 9, false));
     assert!(!granted(&node.take_actions()), "observers do not vote");
 }
+
+#[test]
+fn next_deadline_skips_timers_that_cannot_act() {
+    // A follower with a fetch in flight must not ask to be ticked for its
+    // (already due) next fetch, or its shell would spin.
+    let (mut node, _) = follower_with_fetch();
+    assert_eq!(node.next_deadline_ms(), FETCH_T);
+    // A leader with a flush in flight and records waiting (linger 0) waits
+    // for the flush, not for its idle timer.
+    let (mut leader, now) = elect_leader();
+    leader.take_actions();
+    leader.propose(now, vec![Record::NoOp]).unwrap();
+    leader.tick(now + 600);
+    assert!(leader.next_deadline_ms() > now + 600);
+    node.tick(FETCH_T - 1);
+    assert_eq!(node.role().role, RoleKind::Follower);
+}
