@@ -245,6 +245,9 @@ struct ResignedState {
     /// Voters that acknowledged our EndQuorumEpoch.
     acked: BTreeSet<NodeId>,
     retry_at_ms: BTreeMap<NodeId, u64>,
+    /// A single voter restarting as former leader campaigns at once; one that
+    /// resigned to shut down must not.
+    campaign_at_once: bool,
 }
 
 /// The role and its per-role state. Change it only through
@@ -327,7 +330,9 @@ impl RaftNode {
         let me = node.config.node_id;
         let is_voter = node.config.is_voter();
         node.role = if is_voter && election.leader_id == Some(me) {
-            Role::Resigned(node.new_resigned(Vec::new()))
+            let mut resigned = node.new_resigned(Vec::new());
+            resigned.campaign_at_once = node.is_only_voter();
+            Role::Resigned(resigned)
         } else if is_voter && election.voted_for == Some(me) && election.leader_id.is_none() {
             Role::Candidate(CandidateState { round: node.new_round(), retries: 1, backoff_until_ms: None })
         } else if let Some(leader) = election.leader_id.filter(|l| *l != me) {
@@ -741,6 +746,7 @@ impl RaftNode {
             preferred_successors,
             acked: BTreeSet::new(),
             retry_at_ms: self.config.voters.keys().filter(|id| **id != me).map(|id| (*id, self.now_ms)).collect(),
+            campaign_at_once: false,
         }
     }
 
@@ -896,7 +902,7 @@ impl RaftNode {
     fn poll_resigned(&mut self) {
         let now = self.now_ms;
         let Role::Resigned(r) = &self.role else { return };
-        if now >= r.election_deadline_ms || self.is_only_voter() {
+        if now >= r.election_deadline_ms || r.campaign_at_once {
             self.become_prospective();
             return;
         }

@@ -784,3 +784,13 @@ fn next_deadline_skips_timers_that_cannot_act() {
     node.tick(FETCH_T - 1);
     assert_eq!(node.role().role, RoleKind::Follower);
 }
+
+#[test]
+fn a_single_voter_that_resigns_stays_resigned_until_restart() {
+    let mut node = start(1, &[1], ElectionState::default());
+    assert_eq!(node.role().role, RoleKind::Leader);
+    node.resign(5);
+    assert_eq!(node.role().role, RoleKind::Resigned, "shutting down must not re-elect itself");
+    let restarted = start(1, &[1], node.election_state().clone());
+    assert_eq!((restarted.role().role, restarted.role().epoch), (RoleKind::Leader, 2));
+}
