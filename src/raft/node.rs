@@ -811,14 +811,28 @@ impl RaftNode {
     fn poll_prospective(&mut self) {
         let now = self.now_ms;
         let Role::Prospective(round) = &self.role else { return };
-        if now >= round.election_deadline_ms {
-            // No majority in time: back to Unattached in the same epoch.
-            let role = Role::Unattached(self.new_unattached());
-            self.transition(role, None);
+        let lost = round.rejected.len() >= self.config.majority();
+        if now >= round.election_deadline_ms || lost {
+            self.prospective_lost();
             return;
         }
         let request = self.vote_request(self.election.epoch + 1, true);
         self.send_election_requests(request, RequestKind::PreVote);
+    }
+
+    /// A pre-vote that failed (timed out, or a majority refused) goes back
+    /// to following the leader this node left, if it had one in this epoch
+    /// (it may be alive after all: a refusal says somebody still hears it),
+    /// else to Unattached (Kafka's `prospectiveTransitionAfterElectionLoss`).
+    fn prospective_lost(&mut self) {
+        let me = self.config.node_id;
+        match self.election.leader_id.filter(|l| *l != me) {
+            Some(leader) => self.become_follower(self.election.epoch, leader),
+            None => {
+                let role = Role::Unattached(self.new_unattached());
+                self.transition(role, None);
+            }
+        }
     }
 
     fn poll_candidate(&mut self) {
@@ -1303,7 +1317,15 @@ impl RaftNode {
         }
         if epoch == self.election.epoch {
             if let Some(leader) = leader_id {
-                if matches!(self.role, Role::Unattached(_) | Role::Prospective(_) | Role::Candidate(_)) {
+                // A Prospective that left a leader of this epoch does not go
+                // back because a peer still names it: that peer may not have
+                // noticed the leader is gone (its refusal brings us back).
+                let follow = match self.role {
+                    Role::Unattached(_) | Role::Candidate(_) => true,
+                    Role::Prospective(_) => self.election.leader_id.is_none(),
+                    _ => false,
+                };
+                if follow {
                     self.become_follower(epoch, leader);
                     return true;
                 }

@@ -180,6 +180,34 @@ fn prospective_becomes_candidate_on_a_majority_and_persists_before_asking() {
 }
 
 #[test]
+fn a_prospective_that_left_a_leader_ignores_peers_still_naming_it() {
+    // Node 2 followed node 1 in epoch 5; its fetches stopped.
+    let mut node = start(2, &[1, 2, 3], ElectionState { epoch: 5, voted_for: None, leader_id: Some(1) });
+    node.take_actions();
+    node.tick(FETCH_T);
+    assert_eq!(node.role().role, RoleKind::Prospective);
+    let pre_votes: Vec<_> = sent(&node.take_actions()).into_iter().filter(|(to, _, _)| *to == 3).collect();
+    let (to, corr, _) = pre_votes[0].clone();
+    // Node 3 has not noticed yet that node 1 is gone, but its fetch timed
+    // out too, so it grants — naming node 1 as the leader it knows.
+    node.handle_response(FETCH_T + 1, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 5, leader_id: Some(1), vote_granted: true, pre_vote: true }));
+    assert_eq!((node.role().role, node.role().epoch), (RoleKind::Candidate, 6), "the grant counts; the stale leader is not followed");
+}
+
+#[test]
+fn a_prospective_refused_by_a_majority_goes_back_to_its_leader() {
+    let mut node = start(2, &[1, 2, 3], ElectionState { epoch: 5, voted_for: None, leader_id: Some(1) });
+    node.take_actions();
+    node.tick(FETCH_T);
+    let pre_votes = sent(&node.take_actions());
+    for (to, corr, _) in pre_votes.into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::Vote(_))) {
+        node.handle_response(FETCH_T + 1, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 5, leader_id: Some(1), vote_granted: false, pre_vote: true }));
+    }
+    assert_eq!((node.role().role, node.role().leader_id, node.role().epoch), (RoleKind::Follower, Some(1), 5));
+    assert!(sent(&node.take_actions()).iter().any(|(to, _, r)| *to == 1 && matches!(r, RaftRequest::Fetch(_))), "fetches again");
+}
+
+#[test]
 fn prospective_returns_to_unattached_when_the_election_times_out() {
     let mut node = start(1, &[1, 2, 3], ElectionState::default());
     node.tick(2 * T);
