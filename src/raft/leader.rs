@@ -131,14 +131,14 @@ impl LeaderState {
         let info = |id: NodeId, r: &ReplicaState| ReplicaInfo {
             id,
             log_end_offset: r.end_offset,
-            last_fetch_ms: r.last_fetch_ms.map(|t| now_ms.saturating_sub(t)),
-            last_caught_up_ms: r.last_caught_up_ms.map(|t| now_ms.saturating_sub(t)),
+            last_fetch_ms_ago: r.last_fetch_ms.map(|t| now_ms.saturating_sub(t)),
+            last_caught_up_ms_ago: r.last_caught_up_ms.map(|t| now_ms.saturating_sub(t)),
         };
         let mut voters = vec![ReplicaInfo {
             id: self.local_id,
             log_end_offset: Some(local_end),
-            last_fetch_ms: Some(0),
-            last_caught_up_ms: Some(0),
+            last_fetch_ms_ago: Some(0),
+            last_caught_up_ms_ago: Some(0),
         }];
         voters.extend(self.voters.iter().map(|(id, r)| info(*id, r)));
         voters.sort_by_key(|r| r.id);

@@ -300,6 +300,9 @@ pub struct RaftNode {
     next_correlation_id: u64,
     /// Bumped on every role change.
     generation: u64,
+    /// Failed candidacies since this node last saw a leader (exponential
+    /// election backoff survives the pre-vote between two candidacies).
+    election_retries: u32,
     actions: Vec<Action>,
 }
 
@@ -325,6 +328,7 @@ impl RaftNode {
             inflight: BTreeMap::new(),
             next_correlation_id: 1,
             generation: 0,
+            election_retries: 1,
             actions: Vec::new(),
         };
         let me = node.config.node_id;
@@ -592,7 +596,8 @@ impl RaftNode {
     ///
     /// - Unattached → Unattached (higher epoch, or a vote granted), Prospective, Follower
     /// - Prospective → Candidate, Unattached, Follower
-    /// - Candidate → Candidate (next epoch), Leader, Unattached, Follower
+    /// - Candidate → Prospective (after a lost election and its backoff),
+    ///   Candidate (a restarted candidate), Leader, Unattached, Follower
     /// - Leader → Resigned, Unattached, Follower (the last two for a higher epoch)
     /// - Follower → Prospective, Unattached, Follower (higher epoch)
     /// - Resigned → Prospective, Unattached, Follower
@@ -608,7 +613,7 @@ impl RaftNode {
             (_, Unattached) | (_, Follower) => true,
             (Unattached, Prospective) | (Follower, Prospective) | (Resigned, Prospective) => true,
             (Prospective, Candidate) | (Candidate, Candidate) => true,
-            (Candidate, Leader) => true,
+            (Candidate, Leader) | (Candidate, Prospective) => true,
             (Leader, Resigned) => true,
             _ => false,
         };
@@ -625,11 +630,13 @@ impl RaftNode {
                 self.actions.push(Action::PersistElection(state));
             }
         }
-        if from == Leader {
-            self.abandon_leadership();
-        }
         self.role = next;
         self.generation += 1;
+        if from == Leader {
+            // After the switch, so the answers name the new epoch's leader
+            // (or none), never this node.
+            self.abandon_leadership();
+        }
         self.emit_role_changed();
     }
 
@@ -666,6 +673,7 @@ impl RaftNode {
         assert_ne!(leader, self.config.node_id, "cannot follow itself");
         let voted_for = if epoch == self.election.epoch { self.election.voted_for } else { None };
         let persist = ElectionState { epoch, voted_for, leader_id: Some(leader) };
+        self.election_retries = 1;
         let role = Role::Follower(self.new_follower(leader));
         self.transition(role, Some(persist));
     }
@@ -704,6 +712,7 @@ impl RaftNode {
             check_quorum_ms,
         );
         let persist = ElectionState { epoch, voted_for: Some(me), leader_id: Some(me) };
+        self.election_retries = 1;
         self.transition(Role::Leader(Box::new(leader)), Some(persist));
         // The first batch of every epoch is its LeaderChange record.
         let record = Record::LeaderChange {
@@ -840,8 +849,11 @@ impl RaftNode {
         let Role::Candidate(c) = &self.role else { return };
         if let Some(until) = c.backoff_until_ms {
             if now >= until {
-                let retries = c.retries + 1;
-                self.become_candidate(retries);
+                // Campaign again only through a pre-vote (KIP-996): a
+                // candidate whose log is behind must not keep bumping the
+                // epoch, which resets every other voter's election timer.
+                self.election_retries = c.retries + 1;
+                self.become_prospective();
             }
             return;
         }
@@ -1215,7 +1227,7 @@ impl RaftNode {
     fn maybe_win_pre_vote(&mut self) {
         if let Role::Prospective(round) = &self.role {
             if round.granted.len() >= self.config.majority() {
-                self.become_candidate(1);
+                self.become_candidate(self.election_retries.max(1));
             }
         }
     }
@@ -1508,8 +1520,21 @@ impl RaftNode {
         }
         if let Some(diverging) = resp.diverging_epoch {
             // Truncate to where our log last agrees with the leader's.
-            let ours = self.log.end_offset_for_epoch(diverging.epoch).map(|(_, end)| end).unwrap_or(self.log.start_offset());
-            let target = ours.min(diverging.end_offset).max(self.log.start_offset());
+            // Kafka's truncateToEndOffset: where our log last agrees with
+            // the leader's. When we hold the leader's diverging epoch, its
+            // batches are the same chain in both logs, so the leader's end
+            // offset for it is a batch boundary in ours. When we do not, the
+            // leader's offset may fall inside one of our batches (of another
+            // epoch): cut only what lies above our own older epoch instead,
+            // and the next Fetch, naming that older epoch, narrows it down.
+            // Never cutting below what may agree keeps committed records
+            // durable on every voter that holds them.
+            let target = match self.log.end_offset_for_epoch(diverging.epoch) {
+                Some((epoch, ours)) if epoch == diverging.epoch => ours.min(diverging.end_offset),
+                Some((_, ours)) => ours,
+                None => self.log.start_offset(),
+            }
+            .max(self.log.start_offset());
             if target < self.high_watermark {
                 // Committed records are in every later leader's log; a leader
                 // asking us to drop them is broken. Refuse rather than lose them.

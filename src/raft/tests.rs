@@ -239,15 +239,22 @@ fn candidate_becomes_leader_and_writes_leader_change_first() {
 }
 
 #[test]
-fn candidate_backs_off_then_campaigns_in_the_next_epoch() {
+fn a_candidate_that_lost_backs_off_then_campaigns_again_through_a_pre_vote() {
     let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: None });
     node.take_actions();
     node.tick(2 * T + 1);
     assert_eq!((node.role().role, node.role().epoch), (RoleKind::Candidate, 4), "backing off, same epoch");
     node.tick(2 * T + 1 + 1000 + 1);
     let actions = node.take_actions();
+    // No new epoch until a majority says our log could win: a candidate
+    // whose log is behind must not keep resetting everybody's timers.
+    assert_eq!((node.role().role, node.role().epoch), (RoleKind::Prospective, 4));
+    assert!(persisted(&actions).is_empty());
+    let pre_votes = sent(&actions);
+    assert!(pre_votes.iter().all(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.pre_vote && v.epoch == 5)));
+    let (to, corr, _) = pre_votes[0].clone();
+    node.handle_response(3001, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 4, leader_id: None, vote_granted: true, pre_vote: true }));
     assert_eq!((node.role().role, node.role().epoch), (RoleKind::Candidate, 5));
-    assert_eq!(persisted(&actions), vec![ElectionState { epoch: 5, voted_for: Some(1), leader_id: None }]);
 }
 
 #[test]
@@ -260,7 +267,7 @@ fn candidate_rejected_by_a_majority_backs_off_at_once() {
     node.take_actions();
     // Backoff is at most election_backoff_max_ms, far less than 2T.
     node.tick(10 + 1001);
-    assert_eq!(node.role().epoch, 5);
+    assert_eq!(node.role().role, RoleKind::Prospective);
 }
 
 #[test]
@@ -479,7 +486,10 @@ fn leader_does_not_commit_an_old_epoch_until_its_own_record_commits() {
     node.tick(2 * T + 1);
     let backoff_done = 2 * T + 1 + 1001;
     node.tick(backoff_done);
-    let votes: Vec<_> = sent(&node.take_actions()).into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.epoch == 2)).collect();
+    let pre_votes: Vec<_> = sent(&node.take_actions()).into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.pre_vote)).collect();
+    let (to, corr, _) = pre_votes[0].clone();
+    node.handle_response(backoff_done, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 1, leader_id: None, vote_granted: true, pre_vote: true }));
+    let votes: Vec<_> = sent(&node.take_actions()).into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.epoch == 2 && !v.pre_vote)).collect();
     let (to, corr, _) = votes[0].clone();
     node.handle_response(backoff_done, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 2, leader_id: None, vote_granted: true, pre_vote: false }));
     assert_eq!(node.role().role, RoleKind::Leader);
@@ -821,4 +831,41 @@ fn a_single_voter_that_resigns_stays_resigned_until_restart() {
     assert_eq!(node.role().role, RoleKind::Resigned, "shutting down must not re-elect itself");
     let restarted = start(1, &[1], node.election_state().clone());
     assert_eq!((restarted.role().role, restarted.role().epoch), (RoleKind::Leader, 2));
+}
+
+#[test]
+fn a_deposed_leader_never_names_itself_in_answers_to_parked_fetches() {
+    let (mut node, now) = elect_leader();
+    node.on_flushed(now, 1);
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
+    node.handle_request(now, 2, 2, fetch_req(2, 1, 1, 1, 500)); // parked
+    node.take_actions();
+    node.handle_request(now + 1, 3, 3, vote_req(2, 3, 9, 9, false));
+    let actions = node.take_actions();
+    let answer = actions.iter().find_map(|a| match a {
+        Action::RespondFetch { request_id: 2, response, .. } => Some(response.clone()),
+        _ => None,
+    });
+    let answer = answer.expect("the parked fetch is answered");
+    assert_eq!(answer.epoch, 2);
+    assert_eq!(answer.leader_id, None, "node 1 is not the leader of epoch 2");
+}
+
+#[test]
+fn divergence_in_an_epoch_we_do_not_hold_cuts_only_above_our_older_epoch() {
+    // Follower: epoch 1 [0,3), epoch 2 [3,6) (one batch), epoch 4 [6,8).
+    // The leader has no epoch 4; its epoch 3 ends at 4. Our log has no
+    // epoch 3, and offset 4 lies inside our epoch-2 batch: cut only epoch 4,
+    // never into records that may agree (and may be committed).
+    let log = log_of(&[(1, 0), (2, 3), (4, 6)], 8);
+    let mut node = RaftNode::new(config(2, &[1, 2, 3]), ElectionState { epoch: 5, voted_for: None, leader_id: Some(1) }, log, 0, 1);
+    let corr = sent(&node.take_actions())[0].1;
+    let resp = FetchResponse { error: ErrorCode::None, epoch: 5, leader_id: Some(1), high_watermark: 0, log_start_offset: 0, diverging_epoch: Some(DivergingEpoch { epoch: 3, end_offset: 4 }), snapshot_id: None, batches: vec![] };
+    node.handle_response(1, 1, corr, RaftResponse::Fetch(resp));
+    let actions = node.take_actions();
+    assert!(actions.contains(&Action::Truncate { end_offset: 6 }), "{actions:?}");
+    match &sent(&actions)[0].2 {
+        RaftRequest::Fetch(f) => assert_eq!((f.fetch_offset, f.last_fetched_epoch), (6, 2), "the next fetch names the older epoch"),
+        other => panic!("{other:?}"),
+    }
 }
