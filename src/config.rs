@@ -1,11 +1,117 @@
 //! `config.toml`: the model (DESIGN.md §6), validation and command-line
-//! overrides. (Loading, validation and overrides are being written.)
+//! overrides.
+//!
+//! Configuration is untrusted input, so it is validated once, here, into the
+//! typed [`Config`] (STYLE.md rule 7). Loading goes in three steps:
+//!
+//! 1. the file is parsed as TOML and every `key=value` override is written
+//!    over it (the value is read as a TOML value, or as a plain string when it
+//!    does not parse as one: `listeners.http=127.0.0.1:0` is a string,
+//!    `node.id=2` an integer, `quorum.voters=["1@h:9093"]` an array);
+//! 2. the result is deserialized into `Raw*` structs with
+//!    `#[serde(deny_unknown_fields)]`, so a misspelt key or table is an error
+//!    instead of a silently ignored line;
+//! 3. every value is checked and converted into [`Config`]. An error names
+//!    where the value came from (the file or a command-line override), the
+//!    key, the value and what was expected, e.g.
+//!    `config.toml: quorum.election_timeout_ms = -5: expected a positive integer (milliseconds)`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use crate::raft::NodeId;
+use serde::Deserialize;
+use toml::{Table, Value};
+
+use crate::raft::{NodeId, RaftConfig};
+
+/// `log.max_batch_bytes` may not exceed Kafka's 8 MiB batch limit.
+pub const MAX_BATCH_BYTES_LIMIT: u64 = crate::messages::MAX_BATCH_BYTES as u64;
+
+/// Smallest `listeners.max_frame_bytes`: one 8 MiB fetch response plus 1 MiB
+/// of headroom for the envelope. A smaller limit would make a follower refuse
+/// the leader's full fetch responses forever (replication would stall).
+pub const MIN_MAX_FRAME_BYTES: u64 = MAX_BATCH_BYTES_LIMIT + 1024 * 1024;
+
+/// Largest accepted millisecond value (ten years). Far above any sensible
+/// setting, and low enough that `Instant + Duration` can never overflow.
+pub const MAX_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
+/// Longest `node.cluster_id`.
+pub const MAX_CLUSTER_ID_LEN: usize = 255;
+
+/// Defaults of DESIGN.md §6, one constant per key.
+pub mod defaults {
+    pub const NODE_ID: i32 = 1;
+    pub const DATA_DIR: &str = "./data/node-1";
+    pub const CLUSTER_ID: &str = "kraft-local";
+    pub const RAFT_LISTENER: &str = "127.0.0.1:9093";
+    pub const HTTP_LISTENER: &str = "127.0.0.1:8080";
+    pub const MAX_FRAME_BYTES: u64 = 16 * 1024 * 1024;
+    pub const VOTERS: &[&str] = &["1@127.0.0.1:9093"];
+    pub const ELECTION_TIMEOUT_MS: u64 = 1000;
+    pub const FETCH_TIMEOUT_MS: u64 = 2000;
+    pub const RETRY_BACKOFF_MS: u64 = 20;
+    pub const REQUEST_TIMEOUT_MS: u64 = 2000;
+    pub const ELECTION_BACKOFF_MAX_MS: u64 = 1000;
+    pub const APPEND_LINGER_MS: u64 = 0;
+    pub const MAX_IDLE_INTERVAL_MS: u64 = 500;
+    pub const HEARTBEAT_INTERVAL_MS: u64 = 2000;
+    pub const SESSION_TIMEOUT_MS: u64 = 9000;
+    pub const MAX_BATCH_BYTES: u64 = 8 * 1024 * 1024;
+    pub const RETENTION_BYTES: u64 = 100 * 1024 * 1024;
+    pub const RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
+    pub const CLEANER_INTERVAL_MS: u64 = 60_000;
+    pub const SNAPSHOT_MAX_BYTES_BETWEEN: u64 = 20 * 1024 * 1024;
+    pub const SNAPSHOT_MAX_INTERVAL_MS: u64 = 3_600_000;
+}
+
+/// Where a value came from, for error messages: the file, or the command line.
+const OVERRIDE_ORIGIN: &str = "command-line override";
+
+/// Why a configuration was refused. Every variant names where the problem is.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}: not valid TOML: {message}")]
+    Syntax { origin: String, message: String },
+    /// A key or table that kraft does not know (usually a typo).
+    #[error("{origin}: {location}: {message}")]
+    UnknownKey {
+        origin: String,
+        /// `[quorum]`, or `top level` for an unknown table.
+        location: String,
+        message: String,
+    },
+    /// An override that is not `table.key=value`.
+    #[error("bad override `{text}`: {reason}")]
+    BadOverride { text: String, reason: String },
+    /// A value of the wrong type or out of range.
+    #[error("{origin}: {key} = {value}: expected {expected}")]
+    Invalid {
+        origin: String,
+        /// The dotted key, e.g. `quorum.voters`.
+        key: String,
+        /// The value as given (TOML syntax).
+        value: String,
+        expected: String,
+    },
+}
+
+impl ConfigError {
+    /// The dotted key an `Invalid` error is about.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
 
 /// A validated configuration. Every field has the default of DESIGN.md §6.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,7 +125,7 @@ pub struct Config {
     pub snapshot: SnapshotConfig,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NodeRole {
     /// A voter.
     Controller,
@@ -27,11 +133,24 @@ pub enum NodeRole {
     Broker,
 }
 
+impl NodeRole {
+    /// The name used in `node.roles`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeRole::Controller => "controller",
+            NodeRole::Broker => "broker",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeConfig {
+    /// ≥ 0.
     pub id: NodeId,
+    /// Non-empty, no duplicates.
     pub roles: Vec<NodeRole>,
     pub data_dir: PathBuf,
+    /// Non-empty, `[A-Za-z0-9._-]`, at most 255 characters.
     pub cluster_id: String,
 }
 
@@ -45,13 +164,15 @@ pub struct ListenersConfig {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuorumConfig {
-    /// id → `host:port` of every voter.
+    /// id → `host:port` of every voter. Non-empty; contains `node.id` iff the
+    /// node is a controller.
     pub voters: BTreeMap<NodeId, String>,
     pub election_timeout_ms: u64,
     pub fetch_timeout_ms: u64,
     pub retry_backoff_ms: u64,
     pub request_timeout_ms: u64,
     pub election_backoff_max_ms: u64,
+    /// May be 0 (drain whenever the log appender is idle).
     pub append_linger_ms: u64,
 }
 
@@ -62,12 +183,14 @@ pub struct MetadataConfig {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct BrokerConfig {
+    /// Less than `session_timeout_ms`.
     pub heartbeat_interval_ms: u64,
     pub session_timeout_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogConfig {
+    /// 1 ..= 8 MiB.
     pub max_batch_bytes: usize,
     pub retention_bytes: u64,
     pub retention_ms: u64,
@@ -78,4 +201,731 @@ pub struct LogConfig {
 pub struct SnapshotConfig {
     pub max_bytes_between: u64,
     pub max_interval_ms: u64,
+}
+
+impl Default for Config {
+    /// The single-node default of DESIGN.md §6 (the repository's `config.toml`).
+    fn default() -> Self {
+        use defaults::*;
+        Config {
+            node: NodeConfig {
+                id: NODE_ID,
+                roles: vec![NodeRole::Controller],
+                data_dir: PathBuf::from(DATA_DIR),
+                cluster_id: CLUSTER_ID.to_string(),
+            },
+            listeners: ListenersConfig {
+                raft: RAFT_LISTENER
+                    .parse()
+                    .expect("default raft listener is a socket address"),
+                http: HTTP_LISTENER
+                    .parse()
+                    .expect("default http listener is a socket address"),
+                max_frame_bytes: MAX_FRAME_BYTES,
+            },
+            quorum: QuorumConfig {
+                voters: VOTERS
+                    .iter()
+                    .map(|v| parse_voter(v).expect("default voters are well formed"))
+                    .collect(),
+                election_timeout_ms: ELECTION_TIMEOUT_MS,
+                fetch_timeout_ms: FETCH_TIMEOUT_MS,
+                retry_backoff_ms: RETRY_BACKOFF_MS,
+                request_timeout_ms: REQUEST_TIMEOUT_MS,
+                election_backoff_max_ms: ELECTION_BACKOFF_MAX_MS,
+                append_linger_ms: APPEND_LINGER_MS,
+            },
+            metadata: MetadataConfig {
+                max_idle_interval_ms: MAX_IDLE_INTERVAL_MS,
+            },
+            broker: BrokerConfig {
+                heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
+                session_timeout_ms: SESSION_TIMEOUT_MS,
+            },
+            log: LogConfig {
+                max_batch_bytes: MAX_BATCH_BYTES as usize,
+                retention_bytes: RETENTION_BYTES,
+                retention_ms: RETENTION_MS,
+                cleaner_interval_ms: CLEANER_INTERVAL_MS,
+            },
+            snapshot: SnapshotConfig {
+                max_bytes_between: SNAPSHOT_MAX_BYTES_BETWEEN,
+                max_interval_ms: SNAPSHOT_MAX_INTERVAL_MS,
+            },
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path`, applies `overrides` (`("quorum.voters", "[\"1@h:9093\"]")`)
+    /// and validates the result.
+    pub fn load(path: &Path, overrides: &[(String, String)]) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&path.display().to_string(), &text, overrides)
+    }
+
+    /// Like [`Config::load`] for a TOML text already in memory; errors name
+    /// it `config.toml`.
+    pub fn from_toml_str(text: &str, overrides: &[(String, String)]) -> Result<Config, ConfigError> {
+        Self::parse("config.toml", text, overrides)
+    }
+
+    /// True if the node is a voter.
+    pub fn is_controller(&self) -> bool {
+        self.node.roles.contains(&NodeRole::Controller)
+    }
+
+    /// True if the node runs the broker role (an observer unless it is also a
+    /// controller).
+    pub fn is_broker(&self) -> bool {
+        self.node.roles.contains(&NodeRole::Broker)
+    }
+
+    /// The protocol configuration of this node.
+    ///
+    /// The endpoint this node announces in BeginQuorumEpoch is its own voter
+    /// entry when it has one (the address peers are told to use; the
+    /// listener may be bound to `0.0.0.0`), else `listeners.raft`.
+    pub fn raft_config(&self) -> RaftConfig {
+        let local_endpoint = self
+            .quorum
+            .voters
+            .get(&self.node.id)
+            .cloned()
+            .unwrap_or_else(|| self.listeners.raft.to_string());
+        let mut raft = RaftConfig::new(self.node.id, self.quorum.voters.clone(), local_endpoint);
+        raft.election_timeout_ms = self.quorum.election_timeout_ms;
+        raft.fetch_timeout_ms = self.quorum.fetch_timeout_ms;
+        raft.retry_backoff_ms = self.quorum.retry_backoff_ms;
+        raft.request_timeout_ms = self.quorum.request_timeout_ms;
+        raft.election_backoff_max_ms = self.quorum.election_backoff_max_ms;
+        raft.append_linger_ms = self.quorum.append_linger_ms;
+        raft.max_batch_bytes = self.log.max_batch_bytes;
+        raft.max_idle_interval_ms = self.metadata.max_idle_interval_ms;
+        // A parked fetch must come back before the fetcher's request times
+        // out, or every idle fetch would end as a transport timeout.
+        raft.fetch_max_wait_ms = raft.fetch_max_wait_ms.min(self.quorum.request_timeout_ms / 2);
+        raft
+    }
+
+    fn parse(origin: &str, text: &str, overrides: &[(String, String)]) -> Result<Config, ConfigError> {
+        let mut root: Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let overridden = apply_overrides(&mut root, origin, overrides)?;
+        let ctx = Ctx {
+            file: origin,
+            overridden: &overridden,
+        };
+        let raw = RawConfig::from_table(root, origin)?;
+        ctx.validate(raw)
+    }
+}
+
+/// Splits a command-line `key=value` into its parts (the value may contain
+/// `=`).
+pub fn parse_override(text: &str) -> Result<(String, String), ConfigError> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_string(), value.trim().to_string())),
+        _ => Err(ConfigError::BadOverride {
+            text: text.to_string(),
+            reason: "expected table.key=value, e.g. node.id=2".to_string(),
+        }),
+    }
+}
+
+/// Writes every override over `root`. Returns the overridden keys with the
+/// text they were given. Unknown keys in the overrides are reported here,
+/// as the override's fault rather than the file's.
+fn apply_overrides(
+    root: &mut Table,
+    origin: &str,
+    overrides: &[(String, String)],
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut only_overrides = Table::new();
+    let mut overridden = BTreeMap::new();
+    for (key, text) in overrides {
+        let bad = |reason: &str| ConfigError::BadOverride {
+            text: format!("{key}={text}"),
+            reason: reason.to_string(),
+        };
+        let (table, field) = match key.split_once('.') {
+            Some((t, f)) if !t.is_empty() && !f.is_empty() && !f.contains('.') => (t, f),
+            _ => return Err(bad("expected a key of the form table.key, e.g. node.id")),
+        };
+        let value = parse_override_value(text);
+        match only_overrides
+            .entry(table.to_string())
+            .or_insert_with(|| Value::Table(Table::new()))
+        {
+            Value::Table(t) => {
+                t.insert(field.to_string(), value.clone());
+            }
+            _ => unreachable!("only tables are inserted at the top level"),
+        }
+        match root
+            .entry(table.to_string())
+            .or_insert_with(|| Value::Table(Table::new()))
+        {
+            Value::Table(t) => {
+                t.insert(field.to_string(), value);
+            }
+            other => {
+                return Err(ConfigError::Invalid {
+                    origin: origin.to_string(),
+                    key: table.to_string(),
+                    value: other.to_string(),
+                    expected: "a table".to_string(),
+                })
+            }
+        }
+        overridden.insert(key.clone(), text.clone());
+    }
+    RawConfig::from_table(only_overrides, OVERRIDE_ORIGIN)?;
+    Ok(overridden)
+}
+
+/// An override's value: a TOML value if it parses as exactly one, else the
+/// text as a string (so `listeners.http=127.0.0.1:0` needs no quotes).
+fn parse_override_value(text: &str) -> Value {
+    if let Ok(mut table) = format!("v = {text}").parse::<Table>() {
+        if table.len() == 1 {
+            if let Some(value) = table.remove("v") {
+                return value;
+            }
+        }
+    }
+    Value::String(text.to_string())
+}
+
+// ---------------------------------------------------------------------------
+// Raw, unvalidated shape of the file. Values stay `toml::Value` so the
+// validation step can report the value as given, whatever its type.
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    node: Option<Value>,
+    listeners: Option<Value>,
+    quorum: Option<Value>,
+    metadata: Option<Value>,
+    broker: Option<Value>,
+    log: Option<Value>,
+    snapshot: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    id: Option<Value>,
+    roles: Option<Value>,
+    data_dir: Option<Value>,
+    cluster_id: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawListeners {
+    raft: Option<Value>,
+    http: Option<Value>,
+    max_frame_bytes: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawQuorum {
+    voters: Option<Value>,
+    election_timeout_ms: Option<Value>,
+    fetch_timeout_ms: Option<Value>,
+    retry_backoff_ms: Option<Value>,
+    request_timeout_ms: Option<Value>,
+    election_backoff_max_ms: Option<Value>,
+    append_linger_ms: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMetadata {
+    max_idle_interval_ms: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawBroker {
+    heartbeat_interval_ms: Option<Value>,
+    session_timeout_ms: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    max_batch_bytes: Option<Value>,
+    retention_bytes: Option<Value>,
+    retention_ms: Option<Value>,
+    cleaner_interval_ms: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawSnapshot {
+    max_bytes_between: Option<Value>,
+    max_interval_ms: Option<Value>,
+}
+
+/// The raw tables, each checked for unknown keys.
+struct RawTables {
+    node: RawNode,
+    listeners: RawListeners,
+    quorum: RawQuorum,
+    metadata: RawMetadata,
+    broker: RawBroker,
+    log: RawLog,
+    snapshot: RawSnapshot,
+}
+
+impl RawConfig {
+    /// Deserializes `root` table by table, so an unknown key is reported
+    /// with the table it is in.
+    fn from_table(root: Table, origin: &str) -> Result<RawTables, ConfigError> {
+        let raw: RawConfig = Value::Table(root)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::UnknownKey {
+                origin: origin.to_string(),
+                location: "top level".to_string(),
+                message: e.message().trim_end().to_string(),
+            })?;
+        Ok(RawTables {
+            node: table(origin, "node", raw.node)?,
+            listeners: table(origin, "listeners", raw.listeners)?,
+            quorum: table(origin, "quorum", raw.quorum)?,
+            metadata: table(origin, "metadata", raw.metadata)?,
+            broker: table(origin, "broker", raw.broker)?,
+            log: table(origin, "log", raw.log)?,
+            snapshot: table(origin, "snapshot", raw.snapshot)?,
+        })
+    }
+}
+
+fn table<T: for<'de> Deserialize<'de> + Default>(
+    origin: &str,
+    name: &str,
+    value: Option<Value>,
+) -> Result<T, ConfigError> {
+    match value {
+        None => Ok(T::default()),
+        Some(value @ Value::Table(_)) => value.try_into().map_err(|e: toml::de::Error| ConfigError::UnknownKey {
+            origin: origin.to_string(),
+            location: format!("[{name}]"),
+            message: e.message().trim_end().to_string(),
+        }),
+        Some(other) => Err(ConfigError::Invalid {
+            origin: origin.to_string(),
+            key: name.to_string(),
+            value: other.to_string(),
+            expected: "a table".to_string(),
+        }),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Validation.
+
+struct Ctx<'a> {
+    /// Name of the file (or `config.toml` for a string).
+    file: &'a str,
+    /// Keys given on the command line, with their text.
+    overridden: &'a BTreeMap<String, String>,
+}
+
+impl Ctx<'_> {
+    fn origin(&self, key: &str) -> String {
+        if self.overridden.contains_key(key) {
+            OVERRIDE_ORIGIN.to_string()
+        } else {
+            self.file.to_string()
+        }
+    }
+
+    fn invalid(&self, key: &str, value: &Value, expected: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            origin: self.origin(key),
+            key: key.to_string(),
+            value: value.to_string(),
+            expected: expected.into(),
+        }
+    }
+
+    /// An integer in `min..=max`.
+    fn int(&self, key: &str, value: &Value, min: i64, max: i64, expected: &str) -> Result<i64, ConfigError> {
+        match value {
+            Value::Integer(n) if (min..=max).contains(n) => Ok(*n),
+            _ => Err(self.invalid(key, value, expected)),
+        }
+    }
+
+    /// Milliseconds: positive (or ≥ 0 when `allow_zero`), at most [`MAX_MS`].
+    fn ms(&self, key: &str, value: Option<Value>, default: u64, allow_zero: bool) -> Result<u64, ConfigError> {
+        let Some(value) = value else {
+            return Ok(default);
+        };
+        let (min, what) = if allow_zero {
+            (0, "a non-negative integer (milliseconds)")
+        } else {
+            (1, "a positive integer (milliseconds)")
+        };
+        match value {
+            Value::Integer(n) if n > MAX_MS as i64 => {
+                Err(self.invalid(key, &value, format!("at most {MAX_MS} (milliseconds, ten years)")))
+            }
+            _ => Ok(self.int(key, &value, min, MAX_MS as i64, what)? as u64),
+        }
+    }
+
+    /// Bytes in `min..=max`.
+    fn bytes(&self, key: &str, value: Option<Value>, default: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
+        let Some(value) = value else {
+            return Ok(default);
+        };
+        let expected = if max >= i64::MAX as u64 {
+            format!("an integer of bytes, at least {min}")
+        } else {
+            format!("an integer of bytes between {min} and {max}")
+        };
+        Ok(self.int(key, &value, min as i64, max.min(i64::MAX as u64) as i64, &expected)? as u64)
+    }
+
+    /// A string; an override that parsed as another TOML type is taken as
+    /// the text it was given (`node.cluster_id=123`).
+    fn string(&self, key: &str, value: &Value, expected: &str) -> Result<String, ConfigError> {
+        match value {
+            Value::String(s) => Ok(s.clone()),
+            _ => match self.overridden.get(key) {
+                Some(text) if !matches!(value, Value::Array(_) | Value::Table(_)) => Ok(text.clone()),
+                _ => Err(self.invalid(key, value, expected)),
+            },
+        }
+    }
+
+    fn socket_addr(&self, key: &str, value: Option<Value>, default: &str) -> Result<SocketAddr, ConfigError> {
+        const EXPECTED: &str = "a socket address ip:port, e.g. \"127.0.0.1:9093\"";
+        let Some(value) = value else {
+            return Ok(default.parse().expect("defaults are valid socket addresses"));
+        };
+        let text = self.string(key, &value, EXPECTED)?;
+        text.trim().parse().map_err(|_| self.invalid(key, &value, EXPECTED))
+    }
+
+    /// A list of strings, given as a TOML array or as one comma-separated
+    /// string (Kafka's form: `controller,broker`).
+    fn string_list(&self, key: &str, value: &Value, expected: &str) -> Result<Vec<String>, ConfigError> {
+        match value {
+            Value::Array(items) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(s) => Ok(s.trim().to_string()),
+                    _ => Err(self.invalid(key, value, expected)),
+                })
+                .collect(),
+            Value::String(s) => Ok(s.split(',').map(|part| part.trim().to_string()).collect()),
+            _ => Err(self.invalid(key, value, expected)),
+        }
+    }
+
+    fn validate(&self, raw: RawTables) -> Result<Config, ConfigError> {
+        use defaults::*;
+
+        // [node]
+        let id = match raw.node.id {
+            None => NODE_ID,
+            Some(v) => self.int("node.id", &v, 0, i32::MAX as i64, "a non-negative integer (node id)")? as NodeId,
+        };
+        let roles = match raw.node.roles {
+            None => vec![NodeRole::Controller],
+            Some(v) => self.roles(&v)?,
+        };
+        let data_dir = match raw.node.data_dir {
+            None => PathBuf::from(DATA_DIR),
+            Some(v) => {
+                const EXPECTED: &str = "a non-empty path";
+                let s = self.string("node.data_dir", &v, EXPECTED)?;
+                if s.trim().is_empty() {
+                    return Err(self.invalid("node.data_dir", &v, EXPECTED));
+                }
+                PathBuf::from(s)
+            }
+        };
+        let cluster_id = match raw.node.cluster_id {
+            None => CLUSTER_ID.to_string(),
+            Some(v) => {
+                const EXPECTED: &str = "a non-empty string of at most 255 characters from [A-Za-z0-9._-]";
+                let s = self.string("node.cluster_id", &v, EXPECTED)?;
+                let well_formed = !s.is_empty()
+                    && s.len() <= MAX_CLUSTER_ID_LEN
+                    && s.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+                if !well_formed {
+                    return Err(self.invalid("node.cluster_id", &v, EXPECTED));
+                }
+                s
+            }
+        };
+
+        // [listeners]
+        let raft = self.socket_addr("listeners.raft", raw.listeners.raft, RAFT_LISTENER)?;
+        let http = self.socket_addr("listeners.http", raw.listeners.http, HTTP_LISTENER)?;
+        let max_frame_bytes = self.bytes(
+            "listeners.max_frame_bytes",
+            raw.listeners.max_frame_bytes,
+            MAX_FRAME_BYTES,
+            MIN_MAX_FRAME_BYTES,
+            u32::MAX as u64,
+        )?;
+
+        // [quorum]
+        let voters_value = raw
+            .quorum
+            .voters
+            .unwrap_or_else(|| Value::Array(VOTERS.iter().map(|v| Value::String(v.to_string())).collect()));
+        let voters = self.voters(&voters_value)?;
+        let is_controller = roles.contains(&NodeRole::Controller);
+        if is_controller && !voters.contains_key(&id) {
+            return Err(self.invalid(
+                "quorum.voters",
+                &voters_value,
+                format!("an entry for node.id {id} (node.roles includes \"controller\", so this node is a voter)"),
+            ));
+        }
+        if !is_controller && voters.contains_key(&id) {
+            return Err(self.invalid(
+                "quorum.voters",
+                &voters_value,
+                format!("no entry for node.id {id} (a broker-only node is an observer, not a voter)"),
+            ));
+        }
+        if let Some(endpoint) = voters.get(&id) {
+            let voter_port = endpoint.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+            if raft.port() != 0 && voter_port != Some(raft.port()) {
+                tracing::warn!(
+                    node_id = id,
+                    listener = %raft,
+                    voter_endpoint = %endpoint,
+                    "listeners.raft port differs from this node's quorum.voters entry; peers will dial the voter entry"
+                );
+            }
+        }
+        let quorum = QuorumConfig {
+            voters,
+            election_timeout_ms: self.ms(
+                "quorum.election_timeout_ms",
+                raw.quorum.election_timeout_ms,
+                ELECTION_TIMEOUT_MS,
+                false,
+            )?,
+            fetch_timeout_ms: self.ms(
+                "quorum.fetch_timeout_ms",
+                raw.quorum.fetch_timeout_ms,
+                FETCH_TIMEOUT_MS,
+                false,
+            )?,
+            retry_backoff_ms: self.ms(
+                "quorum.retry_backoff_ms",
+                raw.quorum.retry_backoff_ms,
+                RETRY_BACKOFF_MS,
+                false,
+            )?,
+            request_timeout_ms: self.ms(
+                "quorum.request_timeout_ms",
+                raw.quorum.request_timeout_ms,
+                REQUEST_TIMEOUT_MS,
+                false,
+            )?,
+            election_backoff_max_ms: self.ms(
+                "quorum.election_backoff_max_ms",
+                raw.quorum.election_backoff_max_ms,
+                ELECTION_BACKOFF_MAX_MS,
+                false,
+            )?,
+            append_linger_ms: self.ms(
+                "quorum.append_linger_ms",
+                raw.quorum.append_linger_ms,
+                APPEND_LINGER_MS,
+                true,
+            )?,
+        };
+
+        // [metadata]
+        let metadata = MetadataConfig {
+            max_idle_interval_ms: self.ms(
+                "metadata.max_idle_interval_ms",
+                raw.metadata.max_idle_interval_ms,
+                MAX_IDLE_INTERVAL_MS,
+                false,
+            )?,
+        };
+
+        // [broker]
+        let heartbeat_interval_ms = self.ms(
+            "broker.heartbeat_interval_ms",
+            raw.broker.heartbeat_interval_ms,
+            HEARTBEAT_INTERVAL_MS,
+            false,
+        )?;
+        let session_value = raw.broker.session_timeout_ms.clone();
+        let session_timeout_ms = self.ms(
+            "broker.session_timeout_ms",
+            raw.broker.session_timeout_ms,
+            SESSION_TIMEOUT_MS,
+            false,
+        )?;
+        if session_timeout_ms <= heartbeat_interval_ms {
+            // Blame the key that was set; with both defaults this cannot happen.
+            let (key, value) = match session_value {
+                Some(v) => ("broker.session_timeout_ms", v),
+                None => (
+                    "broker.heartbeat_interval_ms",
+                    Value::Integer(heartbeat_interval_ms as i64),
+                ),
+            };
+            let expected = if key == "broker.session_timeout_ms" {
+                format!("more than broker.heartbeat_interval_ms ({heartbeat_interval_ms})")
+            } else {
+                format!("less than broker.session_timeout_ms ({session_timeout_ms})")
+            };
+            return Err(self.invalid(key, &value, expected));
+        }
+        let broker = BrokerConfig {
+            heartbeat_interval_ms,
+            session_timeout_ms,
+        };
+
+        // [log]
+        let log = LogConfig {
+            max_batch_bytes: self.bytes(
+                "log.max_batch_bytes",
+                raw.log.max_batch_bytes,
+                MAX_BATCH_BYTES,
+                1,
+                MAX_BATCH_BYTES_LIMIT,
+            )? as usize,
+            retention_bytes: self.bytes(
+                "log.retention_bytes",
+                raw.log.retention_bytes,
+                RETENTION_BYTES,
+                1,
+                u64::MAX,
+            )?,
+            retention_ms: self.ms("log.retention_ms", raw.log.retention_ms, RETENTION_MS, false)?,
+            cleaner_interval_ms: self.ms(
+                "log.cleaner_interval_ms",
+                raw.log.cleaner_interval_ms,
+                CLEANER_INTERVAL_MS,
+                false,
+            )?,
+        };
+
+        // [snapshot]
+        let snapshot = SnapshotConfig {
+            max_bytes_between: self.bytes(
+                "snapshot.max_bytes_between",
+                raw.snapshot.max_bytes_between,
+                SNAPSHOT_MAX_BYTES_BETWEEN,
+                1,
+                u64::MAX,
+            )?,
+            max_interval_ms: self.ms(
+                "snapshot.max_interval_ms",
+                raw.snapshot.max_interval_ms,
+                SNAPSHOT_MAX_INTERVAL_MS,
+                false,
+            )?,
+        };
+
+        Ok(Config {
+            node: NodeConfig {
+                id,
+                roles,
+                data_dir,
+                cluster_id,
+            },
+            listeners: ListenersConfig {
+                raft,
+                http,
+                max_frame_bytes,
+            },
+            quorum,
+            metadata,
+            broker,
+            log,
+            snapshot,
+        })
+    }
+
+    fn roles(&self, value: &Value) -> Result<Vec<NodeRole>, ConfigError> {
+        const EXPECTED: &str =
+            "a non-empty list of distinct roles from \"controller\", \"broker\", e.g. [\"controller\"]";
+        let names = self.string_list("node.roles", value, EXPECTED)?;
+        let mut roles = Vec::with_capacity(names.len());
+        for name in &names {
+            let role = match name.as_str() {
+                "controller" => NodeRole::Controller,
+                "broker" => NodeRole::Broker,
+                _ => return Err(self.invalid("node.roles", value, EXPECTED)),
+            };
+            if roles.contains(&role) {
+                return Err(self.invalid("node.roles", value, EXPECTED));
+            }
+            roles.push(role);
+        }
+        if roles.is_empty() {
+            return Err(self.invalid("node.roles", value, EXPECTED));
+        }
+        Ok(roles)
+    }
+
+    fn voters(&self, value: &Value) -> Result<BTreeMap<NodeId, String>, ConfigError> {
+        const EXPECTED: &str = "a non-empty list of \"id@host:port\" voters with distinct ids and endpoints, \
+             e.g. [\"1@127.0.0.1:9093\", \"2@127.0.0.1:9094\"]";
+        let entries = self.string_list("quorum.voters", value, EXPECTED)?;
+        let mut voters = BTreeMap::new();
+        let mut endpoints = BTreeSet::new();
+        for entry in &entries {
+            let (id, endpoint) = parse_voter(entry).ok_or_else(|| self.invalid("quorum.voters", value, EXPECTED))?;
+            if !endpoints.insert(endpoint.clone()) || voters.insert(id, endpoint).is_some() {
+                return Err(self.invalid("quorum.voters", value, EXPECTED));
+            }
+        }
+        if voters.is_empty() {
+            return Err(self.invalid("quorum.voters", value, EXPECTED));
+        }
+        Ok(voters)
+    }
+}
+
+/// Parses one `id@host:port` voter entry. The host is a name, an IPv4
+/// address or a bracketed IPv6 address; the port is 1..=65535.
+fn parse_voter(entry: &str) -> Option<(NodeId, String)> {
+    let (id, endpoint) = entry.trim().split_once('@')?;
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let id: NodeId = id.parse().ok()?;
+    let (host, port) = endpoint.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    if port == 0 || host.is_empty() {
+        return None;
+    }
+    let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        inner.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        host.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+    };
+    if !host_ok {
+        return None;
+    }
+    Some((id, endpoint.to_string()))
 }

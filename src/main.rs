@@ -1,1 +1,181 @@
-fn main(){}
+//! The `kraft` server binary: one quorum node plus its HTTP API.
+//!
+//! ```text
+//! kraft [run] [--config FILE] [--set KEY=VALUE]...
+//! ```
+//!
+//! `run` is the default subcommand and `config.toml` the default file;
+//! `--set` overrides any key of the file (`--set node.id=2`). Exit codes:
+//! 0 after a graceful shutdown (SIGTERM/SIGINT), 1 when the node cannot
+//! start or fails, 2 for a bad command line, config file or value.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tracing_subscriber::EnvFilter;
+
+use kraft::config::Config;
+use kraft::node::{self, NodeHandle};
+
+/// Longest a graceful shutdown of the node may take before the process
+/// exits anyway (a leader's EndQuorumEpoch is best effort).
+const NODE_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the binary checks that the node is still running.
+const STOPPED_POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kraft",
+    version,
+    about = "Kafka's KRaft metadata quorum: one node and its HTTP API"
+)]
+struct Cli {
+    /// The config file (TOML; the repository's config.toml documents every key).
+    #[arg(long, value_name = "FILE", default_value = "config.toml", global = true)]
+    config: PathBuf,
+    /// Override a config key, e.g. `--set node.id=2`; may be repeated, and
+    /// later ones win.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = kraft::config::parse_override, global = true)]
+    overrides: Vec<(String, String)>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a node until SIGTERM or SIGINT (the default).
+    Run,
+}
+
+fn main() -> ExitCode {
+    // clap prints its own usage errors and exits with code 2.
+    let cli = Cli::parse();
+    init_logging();
+    let config = match Config::load(&cli.config, &cli.overrides) {
+        Ok(config) => config,
+        Err(err) => {
+            // The error names the file or override, the key, the value and
+            // what was expected.
+            eprintln!("kraft: bad configuration: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => {
+            let code = actix_rt::System::new().block_on(run(config));
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Logs go to stderr; `RUST_LOG` filters them (default `info`).
+fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // No colour codes in files and pipes.
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Runs the node and its HTTP API until a signal; returns the exit code.
+async fn run(config: Config) -> u8 {
+    // Installed first so that a signal during start-up is a graceful
+    // shutdown, not the default action (death).
+    let (mut sigterm, mut sigint) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(term), Ok(int)) => (term, int),
+        (Err(err), _) | (_, Err(err)) => {
+            eprintln!("kraft: cannot install signal handlers: {err}");
+            return 1;
+        }
+    };
+    let node_id = config.node.id;
+    let http_addr = config.listeners.http;
+    // Not raced against the signals: start-up is short, and a signal that
+    // arrives meanwhile is buffered and handled as soon as it is done.
+    let handle = match node::start(config.clone()).await {
+        Ok(handle) => handle,
+        Err(err) => {
+            eprintln!("kraft: node {node_id} cannot start: {err}");
+            return 1;
+        }
+    };
+    let (server, bound_http) =
+        match kraft::api::http_server_with_limit(handle.clone(), http_addr, config.log.max_batch_bytes) {
+            Ok(bound) => bound,
+            Err(err) => {
+                eprintln!("kraft: node {node_id} cannot bind the http listener on {http_addr}: {err}");
+                shut_down(&handle).await;
+                return 1;
+            }
+        };
+    let server_handle = server.handle();
+    let mut server_task = actix_rt::spawn(server);
+    // Tests parse this line to learn ephemeral ports: keep its shape.
+    eprintln!(
+        "kraft node {node_id}: raft on {}, http on {bound_http}",
+        handle.raft_addr()
+    );
+
+    let code = tokio::select! {
+        name = next_signal(&mut sigterm, &mut sigint) => {
+            tracing::info!("{name} received, shutting down");
+            0
+        }
+        () = node_stopped(&handle) => {
+            eprintln!("kraft: node {node_id} stopped on its own (see the log above); exiting");
+            1
+        }
+        result = &mut server_task => {
+            match result {
+                Ok(Ok(())) => eprintln!("kraft: node {node_id}: http server stopped unexpectedly"),
+                Ok(Err(err)) => eprintln!("kraft: node {node_id}: http server failed: {err}"),
+                Err(err) => eprintln!("kraft: node {node_id}: http server task failed: {err}"),
+            }
+            1
+        }
+    };
+    // The node first (a leader resigns with EndQuorumEpoch, pending appends
+    // fail instead of hanging), then the HTTP server, which lets in-flight
+    // requests finish with those answers.
+    tokio::select! {
+        () = shut_down(&handle) => {}
+        name = next_signal(&mut sigterm, &mut sigint) => {
+            eprintln!("kraft: node {node_id}: second {name}, exiting without a graceful shutdown");
+            return 1;
+        }
+    }
+    server_handle.stop(true).await;
+    tracing::info!("node {node_id} stopped");
+    code
+}
+
+async fn shut_down(handle: &NodeHandle) {
+    if tokio::time::timeout(NODE_SHUTDOWN_TIMEOUT, handle.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("node shutdown took over {NODE_SHUTDOWN_TIMEOUT:?}; exiting anyway");
+    }
+}
+
+/// Resolves once the node has stopped without being asked to (a fatal
+/// storage or actor error).
+async fn node_stopped(handle: &NodeHandle) {
+    while !handle.is_stopped() {
+        tokio::time::sleep(STOPPED_POLL_INTERVAL).await;
+    }
+}
+
+/// Waits for SIGTERM or SIGINT and names it.
+async fn next_signal(sigterm: &mut Signal, sigint: &mut Signal) -> &'static str {
+    tokio::select! {
+        _ = sigterm.recv() => "SIGTERM",
+        _ = sigint.recv() => "SIGINT",
+    }
+}

@@ -1,13 +1,46 @@
 //! Embedding: start a kraft node's actors inside the caller's actix System
 //! and drive it through a [`NodeHandle`]. The server binary is a thin user
 //! of this API plus the HTTP layer in [`crate::api`].
+//!
+//! ```no_run
+//! # async fn example(config: kraft::config::Config) -> Result<(), Box<dyn std::error::Error>> {
+//! let node = kraft::node::start(config).await?;
+//! let appended = node.append(vec![b"hello".to_vec()]).await?; // resolves at commit
+//! let page = node.read_committed(appended.base_offset, 10).await?;
+//! assert_eq!(page.records[0].value.as_deref(), Some("hello"));
+//! node.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`start`] runs every actor on the caller's arbiter (one thread: a request
+//! costs no thread hop between the transport, QuorumState, the purgatory and
+//! the listeners) and the storage on a thread of its own. It must be called
+//! inside an actix `System`. Nothing it or the handle does blocks the
+//! arbiter: opening the store runs on a blocking-pool thread.
 
-use actix::{Message, Recipient};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use actix::{Actor, Addr, AsyncContext, Context, Message, Recipient};
 use serde::Serialize;
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{error, info};
 
+use crate::actors::fetch_purgatory::{FetchPurgatory, GetCommitStats, StopPurgatory};
+use crate::actors::log_appender::LogAppender;
+use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
+use crate::actors::quorum_state::{
+    AppendForwarder, Describe, GetMetrics, Propose, QuorumPeers, QuorumState, ReadCommitted, Shutdown, StopForwarder,
+    StopReason,
+};
+use crate::actors::request_manager::RequestManager;
+use crate::actors::transport::{self, RaftServer};
 use crate::config::Config;
 use crate::messages::Record;
-use crate::raft::{Epoch, NodeId, Offset};
+use crate::raft::{Epoch, LogView, NodeId, Offset, RaftNode};
+use crate::storage::{LogStore, SledStore, StorageError};
 
 /// Where committed records landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -22,7 +55,10 @@ pub enum AppendError {
     /// No leader is known, or the known one could not be reached. Nothing
     /// was written.
     #[error("not the leader; leader is {leader_id:?}")]
-    NotLeader { leader_id: Option<NodeId>, leader_endpoint: Option<String> },
+    NotLeader {
+        leader_id: Option<NodeId>,
+        leader_endpoint: Option<String>,
+    },
     /// Leadership was lost (or the leader became unreachable) after the
     /// records were handed over: they may or may not commit. Never retried
     /// behind the caller's back.
@@ -41,7 +77,11 @@ pub enum StartError {
     #[error("storage: {0}")]
     Storage(#[from] crate::storage::StorageError),
     #[error("cannot bind {what} listener on {addr}: {source}")]
-    Bind { what: &'static str, addr: String, source: std::io::Error },
+    Bind {
+        what: &'static str,
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Other(String),
 }
@@ -146,4 +186,288 @@ pub struct MetricsSnapshot {
 pub struct Listener {
     pub committed: Recipient<Committed>,
     pub leader_changed: Option<Recipient<LeaderChanged>>,
+}
+
+// ---------------------------------------------------------------------
+// Starting a node
+// ---------------------------------------------------------------------
+
+/// A running node. Cheap to clone; every clone drives the same node, from
+/// any thread (the HTTP workers use it from theirs).
+#[derive(Clone)]
+pub struct NodeHandle {
+    inner: Arc<HandleInner>,
+}
+
+struct HandleInner {
+    node_id: NodeId,
+    raft_addr: SocketAddr,
+    quorum: Addr<QuorumState>,
+    purgatory: Addr<FetchPurgatory>,
+    listeners: Addr<MetadataListeners>,
+    /// Becomes true once every actor, the raft listener and the storage
+    /// thread have stopped.
+    stopped: watch::Receiver<bool>,
+}
+
+/// Starts a node: opens its store (checking the data dir belongs to this
+/// cluster and node), recovers its election state and log, binds the raft
+/// listener (`listeners.raft`; port 0 picks a free port, see
+/// [`NodeHandle::raft_addr`]) and starts the actors on the current arbiter.
+pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
+    let raft_config = config.raft_config();
+    let node_id = config.node.id;
+    let cluster_id = config.node.cluster_id.clone();
+    let voters = config.quorum.voters.clone();
+    let max_frame_bytes = config.listeners.max_frame_bytes;
+    let request_timeout_ms = config.quorum.request_timeout_ms;
+
+    // sled's open recovers the log and fsyncs: never on the arbiter.
+    let dir = config.node.data_dir.clone();
+    let open_cluster_id = cluster_id.clone();
+    let (store, election, log) = tokio::task::spawn_blocking(move || -> Result<_, StorageError> {
+        std::fs::create_dir_all(&dir)?;
+        let store = SledStore::open(&dir, &open_cluster_id, node_id)?;
+        let election = store.election_state()?;
+        let log = LogView::new(store.start_offset(), 0, store.end_offset(), store.epoch_cache());
+        Ok((store, election, log))
+    })
+    .await
+    .map_err(|e| StartError::Other(format!("the task opening the store failed: {e}")))??;
+    info!(
+        node_id,
+        epoch = election.epoch,
+        log_end_offset = log.end_offset(),
+        dir = %config.node.data_dir.display(),
+        "store opened"
+    );
+
+    // The QuorumState actor's address exists before the actor does, so the
+    // listener can be bound (and its failure reported) before anything runs.
+    let quorum_ctx: Context<QuorumState> = Context::new();
+    let quorum = quorum_ctx.address();
+    let server = match transport::serve(
+        config.listeners.raft,
+        cluster_id.clone(),
+        node_id,
+        max_frame_bytes,
+        quorum.clone().recipient(),
+    )
+    .await
+    {
+        Ok(server) => server,
+        Err(source) => {
+            // Close sled off the arbiter too.
+            let _ = tokio::task::spawn_blocking(move || drop(store)).await;
+            return Err(StartError::Bind {
+                what: "raft",
+                addr: config.listeners.raft.to_string(),
+                source,
+            });
+        }
+    };
+    let raft_addr = server.local_addr();
+
+    let log_start = log.start_offset();
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let (appender, storage_thread) = LogAppender::spawn(node_id, Box::new(store), events_tx)
+        .map_err(|e| StartError::Other(format!("cannot start the storage thread: {e}")))?;
+
+    let purgatory = FetchPurgatory::new().start();
+    let listeners = MetadataListeners::new(node_id, appender.clone(), log_start).start();
+    let requests = RequestManager::new(
+        node_id,
+        cluster_id.clone(),
+        voters.clone(),
+        request_timeout_ms,
+        max_frame_bytes,
+        quorum.clone().recipient(),
+    )
+    .start();
+    let forwarder_voters = voters.clone();
+    let forwarder_cluster_id = cluster_id.clone();
+    let forwarder = AppendForwarder::create(move |ctx| {
+        let requests = RequestManager::new(
+            node_id,
+            forwarder_cluster_id,
+            forwarder_voters.clone(),
+            request_timeout_ms,
+            max_frame_bytes,
+            ctx.address().recipient(),
+        )
+        .start();
+        AppendForwarder::new(requests.recipient(), forwarder_voters)
+    });
+
+    let (on_stopped, quorum_stopped) = oneshot::channel();
+    let engine = RaftNode::new(raft_config, election, log, 0, rand::random());
+    let peers = QuorumPeers {
+        appender: appender.clone(),
+        storage_events: events_rx,
+        requests: requests.recipient(),
+        forwarder: forwarder.clone(),
+        purgatory: purgatory.clone(),
+        listeners: listeners.clone(),
+        on_stopped,
+    };
+    quorum_ctx.run(QuorumState::new(cluster_id, engine, peers));
+
+    let (stopped_tx, stopped) = watch::channel(false);
+    actix_rt::spawn(supervise(Supervised {
+        node_id,
+        quorum_stopped,
+        server,
+        forwarder,
+        purgatory: purgatory.clone(),
+        listeners: listeners.clone(),
+        appender,
+        storage_thread,
+        stopped: stopped_tx,
+    }));
+    info!(node_id, %raft_addr, "node started");
+    Ok(NodeHandle {
+        inner: Arc::new(HandleInner {
+            node_id,
+            raft_addr,
+            quorum,
+            purgatory,
+            listeners,
+            stopped,
+        }),
+    })
+}
+
+/// What the supervisor tears down once QuorumState stops.
+struct Supervised {
+    node_id: NodeId,
+    quorum_stopped: oneshot::Receiver<StopReason>,
+    server: RaftServer,
+    forwarder: Addr<AppendForwarder>,
+    purgatory: Addr<FetchPurgatory>,
+    listeners: Addr<MetadataListeners>,
+    appender: LogAppender,
+    storage_thread: JoinHandle<()>,
+    stopped: watch::Sender<bool>,
+}
+
+/// Waits for QuorumState to stop (graceful shutdown or a fatal error), then
+/// stops the rest in dependency order, the storage thread last so that
+/// everything QuorumState queued is applied and flushed.
+async fn supervise(parts: Supervised) {
+    let Supervised {
+        node_id,
+        quorum_stopped,
+        server,
+        forwarder,
+        purgatory,
+        listeners,
+        appender,
+        storage_thread,
+        stopped,
+    } = parts;
+    let reason = quorum_stopped
+        .await
+        .unwrap_or_else(|_| StopReason::Fatal("the quorum state actor vanished".to_string()));
+    if let StopReason::Fatal(why) = &reason {
+        error!(node_id, "node stopping after a fatal error: {why}");
+    }
+    server.shutdown();
+    drop(server);
+    // Mailbox errors below mean the actor is already gone: nothing to stop.
+    let _ = forwarder.send(StopForwarder).await;
+    let reason_text = match &reason {
+        StopReason::Shutdown => "the node is shutting down".to_string(),
+        StopReason::Fatal(why) => format!("the node failed: {why}"),
+    };
+    let _ = purgatory.send(StopPurgatory { reason: reason_text }).await;
+    let _ = listeners.send(StopListeners).await;
+    if let Ok(flushed) = appender.shutdown() {
+        let _ = flushed.await;
+    }
+    drop(appender);
+    if let Ok(Err(_)) = tokio::task::spawn_blocking(move || storage_thread.join()).await {
+        error!(node_id, "the storage thread panicked");
+    }
+    info!(node_id, ?reason, "node stopped");
+    stopped.send_replace(true);
+}
+
+impl NodeHandle {
+    /// Appends `records` as one batch of data records. Resolves when they
+    /// are committed (the high watermark passed them). On a follower the
+    /// batch is forwarded to the leader and its answer relayed.
+    pub async fn append(&self, records: Vec<Vec<u8>>) -> Result<Appended, AppendError> {
+        match self.inner.quorum.send(Propose { records }).await {
+            Ok(result) => result,
+            // The message was never handled: nothing was proposed.
+            Err(e) => Err(AppendError::Unavailable(format!("the node is stopped ({e})"))),
+        }
+    }
+
+    /// This node's view of the quorum (replica lists only on the leader).
+    pub async fn describe(&self) -> Result<QuorumStatus, NodeError> {
+        self.inner.quorum.send(Describe).await.map_err(unavailable)
+    }
+
+    /// Committed records from `from` (raised to the log start), at most
+    /// `max` (capped at 10 000), contiguous, control records included,
+    /// never at or past the high watermark.
+    pub async fn read_committed(&self, from: Offset, max: usize) -> Result<LogPage, NodeError> {
+        self.inner
+            .quorum
+            .send(ReadCommitted { from, max })
+            .await
+            .map_err(unavailable)?
+    }
+
+    /// Registers a listener: it receives every committed record from the
+    /// log start, in order, and leader changes.
+    pub async fn register_listener(&self, listener: Listener) -> Result<(), NodeError> {
+        self.inner
+            .listeners
+            .send(RegisterListener(listener))
+            .await
+            .map_err(unavailable)?
+            .map_err(NodeError)
+    }
+
+    pub async fn metrics(&self) -> Result<MetricsSnapshot, NodeError> {
+        let mut snapshot = self.inner.quorum.send(GetMetrics).await.map_err(unavailable)?;
+        let commits = self.inner.purgatory.send(GetCommitStats).await.map_err(unavailable)?;
+        snapshot.commits_total = commits.commits_total;
+        snapshot.commit_latency_avg_ms = commits.commit_latency_avg_ms;
+        snapshot.commit_latency_max_ms = commits.commit_latency_max_ms;
+        Ok(snapshot)
+    }
+
+    /// The bound raft listener address (the real port when configured as 0).
+    pub fn raft_addr(&self) -> SocketAddr {
+        self.inner.raft_addr
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.inner.node_id
+    }
+
+    /// True once the node has stopped (after [`NodeHandle::shutdown`] or a
+    /// fatal error).
+    pub fn is_stopped(&self) -> bool {
+        *self.inner.stopped.borrow()
+    }
+
+    /// Graceful shutdown: a leader resigns (EndQuorumEpoch to the voters,
+    /// waited for at most a second), then the actors stop, the raft
+    /// listener closes and the storage thread flushes and exits. Returns
+    /// when all of that is done; safe to call more than once.
+    pub async fn shutdown(&self) {
+        // A mailbox error means QuorumState has already stopped.
+        let _ = self.inner.quorum.send(Shutdown).await;
+        let mut stopped = self.inner.stopped.clone();
+        // An error means the supervisor is gone (the System is stopping).
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+    }
+}
+
+fn unavailable(e: actix::MailboxError) -> NodeError {
+    NodeError(format!("the node is stopped ({e})"))
 }

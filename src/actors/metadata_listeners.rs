@@ -1,1 +1,369 @@
-//! (in progress)
+//! MetadataListeners: delivery of committed records and leader changes to
+//! registered [`Listener`]s (DESIGN.md §1, §2 "Leader rules", §3).
+//!
+//! Each listener has a cursor that starts at the log start. When the high
+//! watermark moves, the committed range `[cursor, hw)` is read in chunks and
+//! delivered as [`Committed`] messages, in log order, each record exactly
+//! once per registration. Delivery runs here, off the QuorumState actor, so a
+//! slow listener never delays heartbeats or elections; each listener has at
+//! most one delivery in flight (`send`, awaited), so a slow listener only
+//! falls behind, costing one chunk of memory.
+//!
+//! Reads go through the storage thread ([`LogAppender::read`]), not through a
+//! separate reader: a read queued there runs after every append and
+//! truncation QuorumState queued before it announced the high watermark, so
+//! it never sees a stale tail that a truncation is about to replace (a
+//! reader that bypassed the queue could serve a follower's old divergent
+//! batch at an offset that is now below the high watermark). Reads never
+//! block this actor: the reply arrives on a oneshot.
+//!
+//! [`LeaderChanged`] follows Kafka's `ListenerContext.maybeFireLeaderChange`:
+//! for a leader other than this node it is delivered when the role change is
+//! seen; for this node's own leadership only once the listener's record
+//! stream has reached the LeaderChange control record of the current epoch
+//! (its epoch start offset), so a listener never acts as leader on a stale
+//! image.
+
+use std::collections::HashMap;
+
+use actix::prelude::*;
+use tracing::{debug, error, warn};
+
+use crate::actors::log_appender::LogAppender;
+use crate::messages::Record;
+use crate::node::{Committed, CommittedRecord, LeaderChanged, Listener};
+use crate::raft::{Epoch, NodeId, Offset, RoleInfo, RoleKind};
+
+/// Most bytes read for one delivery.
+pub const MAX_DELIVERY_BYTES: usize = 1024 * 1024;
+/// Most listeners registered at once.
+pub const MAX_LISTENERS: usize = 1024;
+
+/// Register a listener; it receives every committed record from the log start.
+#[derive(Message)]
+#[rtype(result = "Result<(), String>")]
+pub struct RegisterListener(pub Listener);
+
+/// The high watermark moved forward.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct CommittedUpTo(pub Offset);
+
+/// This node's role, epoch or leader changed.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct ListenersRoleUpdate(pub RoleInfo);
+
+/// Stop delivering and stop the actor (node shutdown).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct StopListeners;
+
+struct ListenerState {
+    listener: Listener,
+    /// Next offset to deliver. Invariant: every record below it was delivered.
+    cursor: Offset,
+    /// A read or a send is in flight (the per-listener bound is one).
+    busy: bool,
+    /// The last (epoch, leader) queued or delivered as LeaderChanged: the
+    /// same leader is never announced twice in a row.
+    last_leader: Option<(Epoch, Option<NodeId>)>,
+    /// A LeaderChanged to deliver before any more records.
+    pending_leader: Option<LeaderChanged>,
+    /// Delivery failed for a reason that retrying cannot fix.
+    stalled: bool,
+}
+
+impl ListenerState {
+    /// Queues `change` unless it is the leader last queued or delivered (or
+    /// the listener does not take leader changes).
+    fn queue_leader_change(&mut self, change: LeaderChanged) {
+        let key = (change.epoch, change.leader_id);
+        if self.listener.leader_changed.is_some() && self.last_leader != Some(key) {
+            self.last_leader = Some(key);
+            self.pending_leader = Some(change);
+        }
+    }
+}
+
+pub struct MetadataListeners {
+    node_id: NodeId,
+    appender: LogAppender,
+    log_start: Offset,
+    high_watermark: Offset,
+    role: Option<RoleInfo>,
+    listeners: HashMap<u64, ListenerState>,
+    next_id: u64,
+}
+
+impl MetadataListeners {
+    pub fn new(node_id: NodeId, appender: LogAppender, log_start: Offset) -> Self {
+        MetadataListeners {
+            node_id,
+            appender,
+            log_start,
+            high_watermark: log_start,
+            role: None,
+            listeners: HashMap::new(),
+            next_id: 0,
+        }
+    }
+
+    /// The LeaderChanged a listener should see for the current role, when the
+    /// leader is another node (or unknown). This node's own leadership is
+    /// announced from the record stream instead.
+    fn remote_leader(&self) -> Option<LeaderChanged> {
+        let role = self.role.as_ref()?;
+        if role.role == RoleKind::Leader || role.leader_id == Some(self.node_id) {
+            return None;
+        }
+        Some(LeaderChanged {
+            epoch: role.epoch,
+            leader_id: role.leader_id,
+        })
+    }
+
+    fn queue_leader_change(&mut self, id: u64, change: LeaderChanged) {
+        if let Some(state) = self.listeners.get_mut(&id) {
+            state.queue_leader_change(change);
+        }
+    }
+
+    /// Starts the next delivery for listener `id` if none is in flight.
+    fn pump(&mut self, id: u64, ctx: &mut Context<Self>) {
+        let high_watermark = self.high_watermark;
+        let Some(state) = self.listeners.get_mut(&id) else {
+            return;
+        };
+        if state.busy || state.stalled {
+            return;
+        }
+        if let Some(change) = state.pending_leader.take() {
+            let Some(recipient) = state.listener.leader_changed.clone() else {
+                return;
+            };
+            state.busy = true;
+            ctx.spawn(recipient.send(change).into_actor(self).map(move |result, act, ctx| {
+                act.on_sent(id, result.is_ok(), ctx, |_| {});
+            }));
+            return;
+        }
+        if state.cursor >= high_watermark {
+            return;
+        }
+        let from = state.cursor;
+        match self.appender.read(from, high_watermark, MAX_DELIVERY_BYTES) {
+            Ok(reply) => {
+                state.busy = true;
+                ctx.spawn(reply.into_actor(self).map(move |result, act, ctx| match result {
+                    Ok(batches) => act.on_read(id, from, high_watermark, batches, ctx),
+                    Err(_) => {
+                        // The storage thread stopped; it reported why to
+                        // QuorumState, which stops the node.
+                        if let Some(state) = act.listeners.get_mut(&id) {
+                            state.busy = false;
+                            state.stalled = true;
+                        }
+                    }
+                }));
+            }
+            Err(e) => {
+                warn!(listener = id, "cannot read committed records: {e}");
+                state.stalled = true;
+            }
+        }
+    }
+
+    fn on_read(
+        &mut self,
+        id: u64,
+        from: Offset,
+        until: Offset,
+        batches: Vec<crate::messages::Batch>,
+        ctx: &mut Context<Self>,
+    ) {
+        let current_epoch = self.role.as_ref().map(|r| r.epoch);
+        let Some(state) = self.listeners.get_mut(&id) else {
+            return;
+        };
+        let mut records = Vec::new();
+        let mut leader_change = None;
+        let mut expected = from;
+        for batch in &batches {
+            let decoded = match batch.records() {
+                Ok(decoded) => decoded,
+                Err(e) => {
+                    error!(
+                        listener = id,
+                        offset = batch.base_offset,
+                        "committed batch does not decode: {e}; delivery to this listener stops"
+                    );
+                    state.busy = false;
+                    state.stalled = true;
+                    return;
+                }
+            };
+            for (i, record) in decoded.into_iter().enumerate() {
+                let offset = batch.base_offset + i as Offset;
+                if offset < expected {
+                    continue;
+                }
+                if offset >= until {
+                    break;
+                }
+                if offset != expected {
+                    error!(
+                        listener = id,
+                        expected, offset, "gap in the committed log; delivery to this listener stops"
+                    );
+                    state.busy = false;
+                    state.stalled = true;
+                    return;
+                }
+                if let Record::LeaderChange { leader_id, .. } = &record {
+                    if Some(batch.epoch) == current_epoch {
+                        leader_change = Some(LeaderChanged {
+                            epoch: batch.epoch,
+                            leader_id: Some(*leader_id),
+                        });
+                    }
+                }
+                records.push(CommittedRecord {
+                    offset,
+                    epoch: batch.epoch,
+                    record,
+                });
+                expected += 1;
+            }
+        }
+        if records.is_empty() {
+            // The store returned nothing for a committed range: a bug, not a
+            // transient state. Retrying would spin.
+            error!(
+                listener = id,
+                from, until, "no committed records could be read; delivery to this listener stops"
+            );
+            state.busy = false;
+            state.stalled = true;
+            return;
+        }
+        let next = expected;
+        let message = Committed {
+            records,
+            high_watermark: self.high_watermark,
+        };
+        let recipient = state.listener.committed.clone();
+        ctx.spawn(recipient.send(message).into_actor(self).map(move |result, act, ctx| {
+            act.on_sent(id, result.is_ok(), ctx, |state| {
+                state.cursor = next;
+                if let Some(change) = leader_change {
+                    state.queue_leader_change(change);
+                }
+            });
+        }));
+    }
+
+    fn on_sent(&mut self, id: u64, delivered: bool, ctx: &mut Context<Self>, update: impl FnOnce(&mut ListenerState)) {
+        if !delivered {
+            // The listener's actor stopped: that is the listener's business,
+            // not a node failure.
+            warn!(listener = id, "listener's mailbox is closed; it is unregistered");
+            self.listeners.remove(&id);
+            return;
+        }
+        if let Some(state) = self.listeners.get_mut(&id) {
+            state.busy = false;
+            update(state);
+        }
+        self.pump(id, ctx);
+    }
+
+    fn pump_all(&mut self, ctx: &mut Context<Self>) {
+        let ids: Vec<u64> = self.listeners.keys().copied().collect();
+        for id in ids {
+            self.pump(id, ctx);
+        }
+    }
+}
+
+impl Actor for MetadataListeners {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // QuorumState pushes notifications with do_send after checking the
+        // mailbox is open (FIFO, never parked); a larger buffer only matters
+        // to the embedding application's `send`s.
+        ctx.set_mailbox_capacity(1024);
+    }
+}
+
+impl Handler<RegisterListener> for MetadataListeners {
+    type Result = Result<(), String>;
+
+    fn handle(&mut self, msg: RegisterListener, ctx: &mut Self::Context) -> Self::Result {
+        if self.listeners.len() >= MAX_LISTENERS {
+            return Err(format!("at most {MAX_LISTENERS} listeners can be registered"));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.listeners.insert(
+            id,
+            ListenerState {
+                listener: msg.0,
+                cursor: self.log_start,
+                busy: false,
+                last_leader: None,
+                pending_leader: None,
+                stalled: false,
+            },
+        );
+        debug!(listener = id, from = self.log_start, "listener registered");
+        if let Some(change) = self.remote_leader() {
+            self.queue_leader_change(id, change);
+        }
+        self.pump(id, ctx);
+        Ok(())
+    }
+}
+
+impl Handler<CommittedUpTo> for MetadataListeners {
+    type Result = ();
+
+    fn handle(&mut self, msg: CommittedUpTo, ctx: &mut Self::Context) {
+        if msg.0 > self.high_watermark {
+            self.high_watermark = msg.0;
+            self.pump_all(ctx);
+        }
+    }
+}
+
+impl Handler<ListenersRoleUpdate> for MetadataListeners {
+    type Result = ();
+
+    fn handle(&mut self, msg: ListenersRoleUpdate, ctx: &mut Self::Context) {
+        self.role = Some(msg.0);
+        if let Some(change) = self.remote_leader() {
+            let ids: Vec<u64> = self.listeners.keys().copied().collect();
+            for id in ids {
+                self.queue_leader_change(id, change.clone());
+            }
+        } else {
+            // This node leads (or is about to announce it): a LeaderChanged
+            // queued for an earlier leader is stale, and the new one comes
+            // from the record stream.
+            for state in self.listeners.values_mut() {
+                state.pending_leader = None;
+            }
+        }
+        self.pump_all(ctx);
+    }
+}
+
+impl Handler<StopListeners> for MetadataListeners {
+    type Result = ();
+
+    fn handle(&mut self, _msg: StopListeners, ctx: &mut Self::Context) {
+        self.listeners.clear();
+        ctx.stop();
+    }
+}

@@ -1,1 +1,1205 @@
-//! (in progress)
+//! QuorumState: the actor shell around the pure engine [`RaftNode`]
+//! (DESIGN.md §1; the contract is in the docs of [`crate::raft`]).
+//!
+//! Every message this actor handles follows the same three steps:
+//!
+//! 1. `node.tick(now)`: deadlines are compared on *every* message, not only
+//!    when the timer fires, because an arbiter drains its mailbox before it
+//!    runs `run_later` callbacks and a busy node would otherwise see its
+//!    election or check-quorum deadline late;
+//! 2. hand the message to the engine;
+//! 3. carry out `take_actions()` strictly in order (`QuorumState::execute`).
+//!    `PersistElection` holds the actor with `ctx.wait` until the storage
+//!    thread reports the election state durable, and only then runs the
+//!    actions after it: no other message interleaves, so a vote is never
+//!    answered, nor a new role acted on, before it is on disk.
+//!
+//! Then the single timer is re-armed at `node.next_deadline_ms()`.
+//!
+//! Notifications to the FetchPurgatory, the MetadataListeners and the
+//! RequestManager go through `post`: these actors run on this arbiter, so
+//! checking that a mailbox is open and then pushing with `do_send` is exact
+//! (nothing can close it in between) and keeps FIFO order, which `send`
+//! does not once the sender is parked on a full mailbox. A closed mailbox of
+//! one of these core actors is fatal for the node and is reported.
+//!
+//! The clock is milliseconds since the actor was created (monotonic).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::fut::wrap_future;
+use actix::prelude::*;
+use futures::future::{ready, BoxFuture, FutureExt};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error, info, warn};
+
+use crate::actors::fetch_purgatory::{self, FetchPurgatory, HighWatermarkAdvanced, Register, RoleUpdate};
+use crate::actors::log_appender::{LogAppender, StorageEvent};
+use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, MetadataListeners};
+use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
+use crate::messages::{AppendRequest, AppendResponse, Batch, ErrorCode, RaftRequest, RaftResponse, Record};
+use crate::node::{AppendError, Appended, LogEntry, LogPage, MetricsSnapshot, NodeError, QuorumStatus, ReplicaStatus};
+use crate::raft::{Action, NodeId, Offset, ProposeError, Proposed, RaftNode, RoleInfo, RoleKind};
+
+/// Longest the timer sleeps even when the engine has nothing due.
+const MAX_TIMER_MS: u64 = 10_000;
+/// Most inbound requests awaiting the engine's answer (parked fetches,
+/// votes in flight); past it a request is refused with BrokerNotAvailable.
+const MAX_INBOUND_PENDING: usize = 65_536;
+/// How often answered-by-nobody entries (peer gone) are swept.
+const INBOUND_SWEEP_INTERVAL_MS: u64 = 1_000;
+/// How often the high-watermark hint is passed to the store.
+const HW_HINT_INTERVAL_MS: u64 = 1_000;
+/// Longest a graceful shutdown waits for its EndQuorumEpoch sends.
+pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
+/// Most bytes one `read_committed` call reads.
+const READ_COMMITTED_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// Most records one `read_committed` call returns.
+pub const READ_COMMITTED_MAX_RECORDS: usize = 10_000;
+/// Most local and forwarded appends awaiting commit on this node.
+const MAX_AWAITING_COMMIT: usize = fetch_purgatory::MAX_PENDING_APPENDS;
+/// Most appends a follower has forwarded and not yet heard back about.
+const MAX_FORWARDED_PENDING: usize = 10_000;
+
+// ---------------------------------------------------------------------
+// Messages
+// ---------------------------------------------------------------------
+
+/// Append one batch of data records; resolves when they commit (on a
+/// follower: forwarded to the leader, whose answer is relayed).
+#[derive(Message, Debug)]
+#[rtype(result = "Result<Appended, AppendError>")]
+pub struct Propose {
+    pub records: Vec<Vec<u8>>,
+}
+
+/// This node's view of the quorum.
+#[derive(Message, Debug)]
+#[rtype(result = "QuorumStatus")]
+pub struct Describe;
+
+/// Committed records from `from` (at most `max`).
+#[derive(Message, Debug)]
+#[rtype(result = "Result<LogPage, NodeError>")]
+pub struct ReadCommitted {
+    pub from: Offset,
+    pub max: usize,
+}
+
+/// The metrics this actor owns (commit latency comes from the purgatory).
+#[derive(Message, Debug)]
+#[rtype(result = "MetricsSnapshot")]
+pub struct GetMetrics;
+
+/// Graceful shutdown: a leader resigns (EndQuorumEpoch), then the actor
+/// stops after at most [`SHUTDOWN_GRACE_MS`].
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+/// Why the actor stopped; sent to whoever waits for it (the node's
+/// supervisor task).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    Shutdown,
+    Fatal(String),
+}
+
+// ---------------------------------------------------------------------
+// The actor
+// ---------------------------------------------------------------------
+
+/// Everything QuorumState talks to.
+pub struct QuorumPeers {
+    pub appender: LogAppender,
+    pub storage_events: mpsc::UnboundedReceiver<StorageEvent>,
+    pub requests: Recipient<SendRequest>,
+    pub forwarder: Addr<AppendForwarder>,
+    pub purgatory: Addr<FetchPurgatory>,
+    pub listeners: Addr<MetadataListeners>,
+    /// Told once, when the actor stops.
+    pub on_stopped: oneshot::Sender<StopReason>,
+}
+
+#[derive(Default)]
+struct Metrics {
+    append_records_total: u64,
+    /// Shared with the tasks that complete fetch reads.
+    fetch_records_total: Arc<AtomicU64>,
+    elections_total: u64,
+    election_latency_sum_ms: f64,
+    election_latency_max_ms: f64,
+    /// Set while no leader is known.
+    election_started_ms: Option<u64>,
+}
+
+/// A graceful shutdown in progress: it ends once every voter the resigning
+/// leader sent EndQuorumEpoch to has answered (or failed) once, or after
+/// [`SHUTDOWN_GRACE_MS`].
+#[derive(Default)]
+struct ShuttingDown {
+    /// EndQuorumEpoch sends (correlation id → voter) not yet answered.
+    end_quorum_sends: HashMap<u64, NodeId>,
+    /// Voters that answered (or failed) once; the engine's retries to them
+    /// are not waited for.
+    answered: BTreeSet<NodeId>,
+}
+
+impl ShuttingDown {
+    fn on_send(&mut self, correlation_id: u64, to: NodeId) {
+        if !self.answered.contains(&to) {
+            self.end_quorum_sends.insert(correlation_id, to);
+        }
+    }
+
+    fn on_outcome(&mut self, correlation_id: u64) {
+        if let Some(to) = self.end_quorum_sends.remove(&correlation_id) {
+            self.answered.insert(to);
+            self.end_quorum_sends.retain(|_, voter| *voter != to);
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.end_quorum_sends.is_empty()
+    }
+}
+
+pub struct QuorumState {
+    node_id: NodeId,
+    cluster_id: String,
+    voters: BTreeMap<NodeId, String>,
+    node: RaftNode,
+    /// The origin of `now_ms`; the engine was created at `now_ms == 0`.
+    started_at: Instant,
+    appender: LogAppender,
+    storage_events: Option<mpsc::UnboundedReceiver<StorageEvent>>,
+    /// Appends and truncates sent to the storage thread so far.
+    mutations_sent: u64,
+    /// Truncations sent, by their mutation number, until a flush report
+    /// covers them: a flush that ran before a truncation cannot vouch for
+    /// the offsets that truncation removes and rewrites. (The engine also
+    /// guards this with its flush target; this keeps the shell honest on
+    /// its own.)
+    truncations: VecDeque<(u64, Offset)>,
+    requests: Recipient<SendRequest>,
+    forwarder: Addr<AppendForwarder>,
+    purgatory: Addr<FetchPurgatory>,
+    listeners: Addr<MetadataListeners>,
+    /// Replies for the inbound requests handed to the engine, by request id.
+    inbound: HashMap<u64, oneshot::Sender<RaftResponse>>,
+    next_request_id: u64,
+    last_sweep_ms: u64,
+    /// The armed timer: (deadline, handle).
+    timer: Option<(u64, SpawnHandle)>,
+    /// The high watermark of the last *executed* HighWatermark action: the
+    /// appends it covers were queued to storage before it.
+    executed_high_watermark: Offset,
+    last_hint: Offset,
+    last_hint_ms: u64,
+    /// Appends registered with the purgatory and not yet completed.
+    awaiting_commit: Arc<AtomicUsize>,
+    shutting_down: Option<ShuttingDown>,
+    stop_reason: Option<StopReason>,
+    on_stopped: Option<oneshot::Sender<StopReason>>,
+    metrics: Metrics,
+}
+
+impl QuorumState {
+    /// `node` must have been created with `now_ms == 0` just before.
+    pub fn new(cluster_id: String, node: RaftNode, peers: QuorumPeers) -> Self {
+        let config = node.config().clone();
+        let log_start = node.log().start_offset();
+        QuorumState {
+            node_id: config.node_id,
+            cluster_id,
+            voters: config.voters,
+            node,
+            started_at: Instant::now(),
+            appender: peers.appender,
+            storage_events: Some(peers.storage_events),
+            mutations_sent: 0,
+            truncations: VecDeque::new(),
+            requests: peers.requests,
+            forwarder: peers.forwarder,
+            purgatory: peers.purgatory,
+            listeners: peers.listeners,
+            inbound: HashMap::new(),
+            next_request_id: 1,
+            last_sweep_ms: 0,
+            timer: None,
+            executed_high_watermark: log_start,
+            last_hint: log_start,
+            last_hint_ms: 0,
+            awaiting_commit: Arc::new(AtomicUsize::new(0)),
+            shutting_down: None,
+            stop_reason: None,
+            on_stopped: Some(peers.on_stopped),
+            metrics: Metrics {
+                election_started_ms: Some(0),
+                ..Metrics::default()
+            },
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started_at.elapsed().as_millis() as u64
+    }
+
+    /// Step 1 of every message: advance the engine's timers.
+    fn tick(&mut self) -> u64 {
+        let now = self.now_ms();
+        self.node.tick(now);
+        now
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stop_reason.is_some()
+    }
+
+    /// Stops the node loudly.
+    fn fatal(&mut self, ctx: &mut Context<Self>, reason: String) {
+        error!(node_id = self.node_id, "FATAL: {reason}; the node stops");
+        self.stop(ctx, StopReason::Fatal(reason));
+    }
+
+    fn stop(&mut self, ctx: &mut Context<Self>, reason: StopReason) {
+        if self.stop_reason.is_none() {
+            self.stop_reason = Some(reason);
+        }
+        ctx.stop();
+    }
+
+    /// Step 3: carries out everything the engine asked for, in order.
+    fn drive(&mut self, ctx: &mut Context<Self>) {
+        if self.is_stopping() {
+            return;
+        }
+        let actions = self.node.take_actions();
+        self.execute(actions.into_iter(), ctx);
+    }
+
+    fn execute(&mut self, mut actions: std::vec::IntoIter<Action>, ctx: &mut Context<Self>) {
+        while let Some(action) = actions.next() {
+            if self.is_stopping() {
+                return;
+            }
+            match action {
+                Action::PersistElection(state) => {
+                    let durable = match self.appender.write_election(state.clone()) {
+                        Ok(durable) => durable,
+                        Err(e) => return self.fatal(ctx, format!("cannot persist election state {state:?}: {e}")),
+                    };
+                    // Hold the actor until the state is durable; the rest of
+                    // the actions run after it, with nothing in between.
+                    ctx.wait(
+                        wrap_future::<_, Self>(durable).map(move |result, act, ctx| match result {
+                            Ok(()) => act.execute(actions, ctx),
+                            Err(_) => act.fatal(ctx, format!("election state {state:?} was not made durable")),
+                        }),
+                    );
+                    return;
+                }
+                Action::AppendBatch(batch) => {
+                    self.metrics.append_records_total += batch.record_count as u64;
+                    self.mutations_sent += 1;
+                    if let Err(e) = self.appender.append(batch) {
+                        return self.fatal(ctx, format!("cannot queue an append: {e}"));
+                    }
+                }
+                Action::Truncate { end_offset } => {
+                    self.mutations_sent += 1;
+                    self.truncations.push_back((self.mutations_sent, end_offset));
+                    if let Err(e) = self.appender.truncate(end_offset) {
+                        return self.fatal(ctx, format!("cannot queue a truncation: {e}"));
+                    }
+                }
+                Action::Flush => {
+                    if let Err(e) = self.appender.flush() {
+                        return self.fatal(ctx, format!("cannot queue a flush: {e}"));
+                    }
+                }
+                Action::Send {
+                    to,
+                    correlation_id,
+                    request,
+                } => {
+                    if let (Some(shutdown), RaftRequest::EndQuorumEpoch(_)) = (&mut self.shutting_down, &request) {
+                        shutdown.on_send(correlation_id, to);
+                    }
+                    if let Err(e) = post(
+                        &self.requests,
+                        SendRequest {
+                            to,
+                            correlation_id,
+                            request,
+                        },
+                    ) {
+                        return self.fatal(ctx, format!("request manager: {e}"));
+                    }
+                }
+                Action::Respond {
+                    request_id, response, ..
+                } => match self.inbound.remove(&request_id) {
+                    // A closed reply means the peer went away: nothing to do.
+                    Some(reply) => drop(reply.send(response)),
+                    None => debug!(request_id, "response for a request that is no longer waiting"),
+                },
+                Action::RespondFetch {
+                    request_id,
+                    mut response,
+                    read,
+                    ..
+                } => {
+                    let Some(reply) = self.inbound.remove(&request_id) else {
+                        debug!(request_id, "fetch response for a request that is no longer waiting");
+                        continue;
+                    };
+                    let Some(range) = read else {
+                        let _ = reply.send(RaftResponse::Fetch(response));
+                        continue;
+                    };
+                    // The read is queued behind every append sent so far and
+                    // answered without waiting for a flush (the leader may
+                    // ship records before its own fsync; it counts itself
+                    // toward the high watermark only after it).
+                    let batches = match self.appender.read(range.from, range.until, range.max_bytes) {
+                        Ok(batches) => batches,
+                        Err(e) => return self.fatal(ctx, format!("cannot queue a fetch read: {e}")),
+                    };
+                    let fetched = self.metrics.fetch_records_total.clone();
+                    actix::spawn(async move {
+                        // An error here means the storage thread failed; it
+                        // reported that itself and the node is stopping.
+                        if let Ok(batches) = batches.await {
+                            let records: u64 = batches.iter().map(|b| b.record_count as u64).sum();
+                            fetched.fetch_add(records, Ordering::Relaxed);
+                            response.batches = batches;
+                            let _ = reply.send(RaftResponse::Fetch(response));
+                        }
+                    });
+                }
+                Action::HighWatermark(hw) => {
+                    self.executed_high_watermark = self.executed_high_watermark.max(hw);
+                    if let Err(e) = post(&self.purgatory, HighWatermarkAdvanced(hw)) {
+                        return self.fatal(ctx, format!("fetch purgatory: {e}"));
+                    }
+                    if let Err(e) = post(&self.listeners, CommittedUpTo(hw)) {
+                        return self.fatal(ctx, format!("metadata listeners: {e}"));
+                    }
+                    self.maybe_pass_high_watermark_hint(false);
+                }
+                Action::RoleChanged(info) => {
+                    if let Err(e) = self.on_role_changed(info) {
+                        return self.fatal(ctx, e);
+                    }
+                }
+            }
+        }
+        self.after_actions(ctx);
+    }
+
+    fn on_role_changed(&mut self, info: RoleInfo) -> Result<(), String> {
+        let role = if info.is_voter { info.role.as_str() } else { "observer" };
+        info!(
+            node_id = self.node_id,
+            role,
+            epoch = info.epoch,
+            leader = ?info.leader_id,
+            "role changed: {role} in epoch {}, leader {:?}",
+            info.epoch,
+            info.leader_id
+        );
+        let now = self.now_ms();
+        let leader_known = info.leader_id.is_some() && info.role != RoleKind::Resigned;
+        match (leader_known, self.metrics.election_started_ms) {
+            (true, Some(started)) => {
+                let latency = now.saturating_sub(started) as f64;
+                self.metrics.elections_total += 1;
+                self.metrics.election_latency_sum_ms += latency;
+                self.metrics.election_latency_max_ms = self.metrics.election_latency_max_ms.max(latency);
+                self.metrics.election_started_ms = None;
+            }
+            (false, None) => self.metrics.election_started_ms = Some(now),
+            _ => {}
+        }
+        post(&self.purgatory, RoleUpdate(info.clone())).map_err(|e| format!("fetch purgatory: {e}"))?;
+        post(&self.listeners, ListenersRoleUpdate(info)).map_err(|e| format!("metadata listeners: {e}"))?;
+        Ok(())
+    }
+
+    /// Tells the store, now and then, which prefix is committed *and*
+    /// durable here (never ahead of the local flush).
+    fn maybe_pass_high_watermark_hint(&mut self, force: bool) {
+        let now = self.now_ms();
+        if !force && now.saturating_sub(self.last_hint_ms) < HW_HINT_INTERVAL_MS {
+            return;
+        }
+        let hint = self.executed_high_watermark.min(self.node.log().flushed_end());
+        if hint > self.last_hint {
+            // A failure here means the storage thread is gone, which it
+            // reports itself.
+            if self.appender.set_high_watermark_hint(hint).is_ok() {
+                self.last_hint = hint;
+                self.last_hint_ms = now;
+            }
+        }
+    }
+
+    /// After the last action: re-arm the timer, sweep, maybe finish a
+    /// shutdown.
+    fn after_actions(&mut self, ctx: &mut Context<Self>) {
+        if self.is_stopping() {
+            return;
+        }
+        let now = self.now_ms();
+        if now.saturating_sub(self.last_sweep_ms) >= INBOUND_SWEEP_INTERVAL_MS {
+            self.last_sweep_ms = now;
+            self.inbound.retain(|_, reply| !reply.is_closed());
+        }
+        if self.shutting_down.as_ref().is_some_and(ShuttingDown::done) {
+            return self.stop(ctx, StopReason::Shutdown);
+        }
+        self.rearm_timer(ctx);
+    }
+
+    fn rearm_timer(&mut self, ctx: &mut Context<Self>) {
+        let now = self.now_ms();
+        let deadline = self.node.next_deadline_ms().clamp(now + 1, now + MAX_TIMER_MS);
+        if let Some((armed, handle)) = self.timer {
+            if armed == deadline {
+                return;
+            }
+            ctx.cancel_future(handle);
+        }
+        let handle = ctx.run_later(Duration::from_millis(deadline - now), |act, ctx| {
+            act.timer = None;
+            act.tick();
+            act.drive(ctx);
+        });
+        self.timer = Some((deadline, handle));
+    }
+
+    /// Registers an accepted proposal with the purgatory.
+    fn register(&mut self, proposed: Proposed, complete: fetch_purgatory::Completion) -> Result<(), String> {
+        let awaiting = self.awaiting_commit.clone();
+        awaiting.fetch_add(1, Ordering::Relaxed);
+        let complete: fetch_purgatory::Completion = Box::new(move |result| {
+            awaiting.fetch_sub(1, Ordering::Relaxed);
+            complete(result)
+        });
+        post(&self.purgatory, Register { proposed, complete }).map_err(|e| format!("fetch purgatory: {e}"))
+    }
+
+    /// Refuses new appends while shutting down or when too many wait.
+    fn check_can_append(&self) -> Result<(), AppendError> {
+        if self.shutting_down.is_some() || self.is_stopping() {
+            return Err(AppendError::Unavailable("the node is shutting down".into()));
+        }
+        let awaiting = self.awaiting_commit.load(Ordering::Relaxed);
+        if awaiting >= MAX_AWAITING_COMMIT {
+            return Err(AppendError::Unavailable(format!(
+                "{awaiting} appends are already waiting to commit"
+            )));
+        }
+        Ok(())
+    }
+
+    fn leader_endpoint(&self, leader: Option<NodeId>) -> Option<String> {
+        leader.and_then(|id| self.voters.get(&id).cloned())
+    }
+
+    /// A local append: proposed here on the leader, forwarded to the leader
+    /// from anywhere else.
+    fn propose_local(
+        &mut self,
+        now: u64,
+        records: Vec<Vec<u8>>,
+        ctx: &mut Context<Self>,
+    ) -> BoxFuture<'static, Result<Appended, AppendError>> {
+        if let Err(e) = self.check_can_append() {
+            return ready(Err(e)).boxed();
+        }
+        if records.is_empty() {
+            return ready(Err(AppendError::Rejected(ProposeError::Empty.to_string()))).boxed();
+        }
+        let role = self.node.role();
+        if role.role != RoleKind::Leader {
+            return match role.leader_id.filter(|id| *id != self.node_id) {
+                Some(leader_id) => {
+                    let forwarded = self.forwarder.send(Forward { leader_id, records });
+                    async move {
+                        forwarded
+                            .await
+                            .unwrap_or_else(|_| Err(AppendError::Unavailable("the append forwarder stopped".into())))
+                    }
+                    .boxed()
+                }
+                None => ready(Err(AppendError::NotLeader {
+                    leader_id: None,
+                    leader_endpoint: None,
+                }))
+                .boxed(),
+            };
+        }
+        let records = records.into_iter().map(Record::Data).collect();
+        match self.node.propose(now, records) {
+            Ok(proposed) => {
+                let (tx, rx) = oneshot::channel();
+                if let Err(e) = self.register(proposed, Box::new(move |result| drop(tx.send(result)))) {
+                    self.fatal(ctx, e);
+                }
+                async move {
+                    rx.await.unwrap_or_else(|_| {
+                        Err(AppendError::OutcomeUnknown(
+                            "the node stopped before the records committed".into(),
+                        ))
+                    })
+                }
+                .boxed()
+            }
+            Err(ProposeError::NotLeader { leader_id, .. }) => {
+                let leader_endpoint = self.leader_endpoint(leader_id);
+                ready(Err(AppendError::NotLeader {
+                    leader_id,
+                    leader_endpoint,
+                }))
+                .boxed()
+            }
+            Err(e) => ready(Err(AppendError::Rejected(e.to_string()))).boxed(),
+        }
+    }
+
+    /// A follower forwarded a client's append (`RaftRequest::Append`): not
+    /// for the engine. Proposed on the leader and answered at commit.
+    fn handle_forwarded_append(
+        &mut self,
+        now: u64,
+        request: AppendRequest,
+        reply: oneshot::Sender<RaftResponse>,
+        ctx: &mut Context<Self>,
+    ) {
+        let answer = |response: AppendResponse| RaftResponse::Append(response);
+        match self.check_can_append() {
+            Err(AppendError::Unavailable(reason)) if self.shutting_down.is_some() || self.is_stopping() => {
+                debug!("refusing a forwarded append: {reason}");
+                let _ = reply.send(answer(AppendResponse::NotLeader { leader_id: None }));
+                return;
+            }
+            Err(e) => {
+                let _ = reply.send(answer(AppendResponse::Rejected { reason: e.to_string() }));
+                return;
+            }
+            Ok(()) => {}
+        }
+        let records = request
+            .records
+            .into_iter()
+            .map(|bytes| Record::Data(bytes.into_vec()))
+            .collect();
+        match self.node.propose(now, records) {
+            Ok(proposed) => {
+                let complete = Box::new(move |result: Result<Appended, AppendError>| {
+                    let response = match result {
+                        Ok(a) => AppendResponse::Committed {
+                            base_offset: a.base_offset,
+                            last_offset: a.last_offset,
+                            epoch: a.epoch,
+                        },
+                        // The records were accepted: whatever went wrong
+                        // after that leaves their fate open.
+                        Err(AppendError::OutcomeUnknown(reason)) | Err(AppendError::Unavailable(reason)) => {
+                            AppendResponse::OutcomeUnknown { reason }
+                        }
+                        Err(AppendError::Rejected(reason)) => AppendResponse::Rejected { reason },
+                        Err(AppendError::NotLeader { leader_id, .. }) => AppendResponse::NotLeader { leader_id },
+                    };
+                    let _ = reply.send(answer(response));
+                });
+                if let Err(e) = self.register(proposed, complete) {
+                    self.fatal(ctx, e);
+                }
+            }
+            Err(ProposeError::NotLeader { leader_id, .. }) => {
+                let _ = reply.send(answer(AppendResponse::NotLeader { leader_id }));
+            }
+            Err(e) => {
+                let _ = reply.send(answer(AppendResponse::Rejected { reason: e.to_string() }));
+            }
+        }
+    }
+
+    fn status(&self, now: u64) -> QuorumStatus {
+        let role = self.node.role();
+        let described = self.node.describe(now);
+        let replica = |r: crate::messages::ReplicaInfo| ReplicaStatus {
+            id: r.id,
+            log_end_offset: r.log_end_offset,
+            last_fetch_ms_ago: r.last_fetch_ms_ago,
+            last_caught_up_ms_ago: r.last_caught_up_ms_ago,
+        };
+        QuorumStatus {
+            cluster_id: self.cluster_id.clone(),
+            node_id: self.node_id,
+            role: if role.is_voter {
+                role.role.as_str().to_string()
+            } else {
+                "observer".to_string()
+            },
+            leader_id: role.leader_id,
+            leader_epoch: role.epoch,
+            high_watermark: self.node.high_watermark(),
+            log_start_offset: self.node.log().start_offset(),
+            log_end_offset: self.node.log().end_offset(),
+            voters: described.voters.into_iter().map(replica).collect(),
+            observers: described.observers.into_iter().map(replica).collect(),
+        }
+    }
+
+    fn metrics_snapshot(&self, now: u64) -> MetricsSnapshot {
+        let role = self.node.role();
+        let m = &self.metrics;
+        MetricsSnapshot {
+            current_state: role.role.metric_code(),
+            current_leader: role.leader_id.unwrap_or(-1),
+            current_epoch: role.epoch,
+            high_watermark: self.node.high_watermark(),
+            log_end_offset: self.node.log().end_offset(),
+            append_records_total: m.append_records_total,
+            fetch_records_total: m.fetch_records_total.load(Ordering::Relaxed),
+            elections_total: m.elections_total,
+            election_latency_avg_ms: if m.elections_total == 0 {
+                0.0
+            } else {
+                m.election_latency_sum_ms / m.elections_total as f64
+            },
+            election_latency_max_ms: m.election_latency_max_ms,
+            uptime_ms: now,
+            ..MetricsSnapshot::default()
+        }
+    }
+
+    /// The flush report, corrected for truncations it does not cover.
+    fn on_flushed(&mut self, durable_end: Offset, mutations: u64) -> Offset {
+        while let Some((number, _)) = self.truncations.front() {
+            if *number > mutations {
+                break;
+            }
+            self.truncations.pop_front();
+        }
+        self.truncations
+            .iter()
+            .map(|(_, offset)| *offset)
+            .fold(durable_end, Offset::min)
+    }
+}
+
+/// Pushes `msg` to an actor on this arbiter in FIFO order, or reports that
+/// its mailbox is closed (see the module docs for why not `send`).
+fn post<M, R>(to: &R, msg: M) -> Result<(), String>
+where
+    R: Postable<M>,
+{
+    if !to.is_connected() {
+        return Err("mailbox closed".to_string());
+    }
+    to.push(msg);
+    Ok(())
+}
+
+/// `Addr` and `Recipient` alike, for [`post`].
+trait Postable<M> {
+    fn is_connected(&self) -> bool;
+    fn push(&self, msg: M);
+}
+
+impl<A, M> Postable<M> for Addr<A>
+where
+    A: Actor<Context = Context<A>> + Handler<M>,
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    fn is_connected(&self) -> bool {
+        self.connected()
+    }
+    fn push(&self, msg: M) {
+        self.do_send(msg)
+    }
+}
+
+impl<M> Postable<M> for Recipient<M>
+where
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    fn is_connected(&self) -> bool {
+        self.connected()
+    }
+    fn push(&self, msg: M) {
+        self.do_send(msg)
+    }
+}
+
+impl Actor for QuorumState {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // Peers and the embedding application use `send`; a roomier mailbox
+        // keeps them from parking under bursts.
+        ctx.set_mailbox_capacity(1024);
+        if let Some(events) = self.storage_events.take() {
+            let mut events = events;
+            ctx.add_stream(futures::stream::poll_fn(move |cx| events.poll_recv(cx)));
+        }
+        // The engine has acted in `new`: it announced its starting role (and
+        // a single voter has elected itself). Carry that out first.
+        self.tick();
+        self.drive(ctx);
+    }
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        // Peers waiting on us are told we are gone rather than left to time out.
+        for (_, reply) in self.inbound.drain() {
+            let _ = reply.send(RaftResponse::Error(ErrorCode::BrokerNotAvailable));
+        }
+        if !matches!(self.stop_reason, Some(StopReason::Fatal(_))) {
+            self.maybe_pass_high_watermark_hint(true);
+            // Whatever was written becomes durable before the thread stops
+            // (the supervisor's shutdown of the storage thread flushes too).
+            let _ = self.appender.flush();
+        }
+        let reason = self.stop_reason.clone().unwrap_or(StopReason::Shutdown);
+        info!(node_id = self.node_id, ?reason, "quorum state stopped");
+        if let Some(on_stopped) = self.on_stopped.take() {
+            let _ = on_stopped.send(reason);
+        }
+    }
+}
+
+impl StreamHandler<StorageEvent> for QuorumState {
+    fn handle(&mut self, event: StorageEvent, ctx: &mut Self::Context) {
+        match event {
+            StorageEvent::Flushed { durable_end, mutations } => {
+                let now = self.tick();
+                let durable_end = self.on_flushed(durable_end, mutations);
+                self.node.on_flushed(now, durable_end);
+                self.drive(ctx);
+            }
+            StorageEvent::Failed(reason) => self.fatal(ctx, reason),
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Self::Context) {
+        if !self.is_stopping() {
+            self.fatal(ctx, "the storage thread exited".to_string());
+        }
+    }
+}
+
+impl Handler<InboundRequest> for QuorumState {
+    type Result = ();
+
+    fn handle(&mut self, msg: InboundRequest, ctx: &mut Self::Context) {
+        let now = self.tick();
+        match msg.request {
+            RaftRequest::Append(request) => self.handle_forwarded_append(now, request, msg.reply, ctx),
+            request => {
+                if self.inbound.len() >= MAX_INBOUND_PENDING {
+                    warn!(
+                        from = msg.from,
+                        api = request.api_name(),
+                        "too many requests waiting; refused"
+                    );
+                    let _ = msg.reply.send(RaftResponse::Error(ErrorCode::BrokerNotAvailable));
+                } else {
+                    let request_id = self.next_request_id;
+                    self.next_request_id += 1;
+                    self.inbound.insert(request_id, msg.reply);
+                    self.node.handle_request(now, msg.from, request_id, request);
+                }
+            }
+        }
+        self.drive(ctx);
+    }
+}
+
+impl Handler<RequestOutcome> for QuorumState {
+    type Result = ();
+
+    fn handle(&mut self, msg: RequestOutcome, ctx: &mut Self::Context) {
+        let now = self.tick();
+        if let Some(shutdown) = &mut self.shutting_down {
+            shutdown.on_outcome(msg.correlation_id);
+        }
+        match msg.result {
+            Ok(response) => self.node.handle_response(now, msg.from, msg.correlation_id, response),
+            Err(e) => {
+                debug!(
+                    to = msg.from,
+                    correlation_id = msg.correlation_id,
+                    "request failed: {e}"
+                );
+                self.node.handle_request_failed(now, msg.from, msg.correlation_id);
+            }
+        }
+        self.drive(ctx);
+    }
+}
+
+impl Handler<Propose> for QuorumState {
+    type Result = ResponseFuture<Result<Appended, AppendError>>;
+
+    fn handle(&mut self, msg: Propose, ctx: &mut Self::Context) -> Self::Result {
+        let now = self.tick();
+        let outcome = self.propose_local(now, msg.records, ctx);
+        self.drive(ctx);
+        Box::pin(outcome)
+    }
+}
+
+impl Handler<Describe> for QuorumState {
+    type Result = MessageResult<Describe>;
+
+    fn handle(&mut self, _msg: Describe, ctx: &mut Self::Context) -> Self::Result {
+        let now = self.tick();
+        self.drive(ctx);
+        MessageResult(self.status(now))
+    }
+}
+
+impl Handler<GetMetrics> for QuorumState {
+    type Result = MessageResult<GetMetrics>;
+
+    fn handle(&mut self, _msg: GetMetrics, ctx: &mut Self::Context) -> Self::Result {
+        let now = self.tick();
+        self.drive(ctx);
+        MessageResult(self.metrics_snapshot(now))
+    }
+}
+
+impl Handler<ReadCommitted> for QuorumState {
+    type Result = ResponseFuture<Result<LogPage, NodeError>>;
+
+    fn handle(&mut self, msg: ReadCommitted, ctx: &mut Self::Context) -> Self::Result {
+        self.tick();
+        self.drive(ctx);
+        // The executed high watermark: every batch below it has been queued
+        // to storage, so a read queued now sees exactly the committed log.
+        let high_watermark = self.executed_high_watermark;
+        let log_start_offset = self.node.log().start_offset();
+        let from = msg.from.max(log_start_offset);
+        let max = msg.max.min(READ_COMMITTED_MAX_RECORDS);
+        let empty = LogPage {
+            high_watermark,
+            log_start_offset,
+            records: Vec::new(),
+        };
+        if from >= high_watermark || max == 0 {
+            return Box::pin(ready(Ok(empty)));
+        }
+        let batches = match self.appender.read(from, high_watermark, READ_COMMITTED_MAX_BYTES) {
+            Ok(batches) => batches,
+            Err(e) => return Box::pin(ready(Err(NodeError(format!("cannot read the log: {e}"))))),
+        };
+        Box::pin(async move {
+            let batches = batches
+                .await
+                .map_err(|_| NodeError("the storage thread stopped".into()))?;
+            let records = committed_entries(&batches, from, high_watermark, max)?;
+            Ok(LogPage {
+                high_watermark,
+                log_start_offset,
+                records,
+            })
+        })
+    }
+}
+
+/// The records of `batches` in `[from, until)`, at most `max`, contiguous
+/// from `from`.
+fn committed_entries(batches: &[Batch], from: Offset, until: Offset, max: usize) -> Result<Vec<LogEntry>, NodeError> {
+    let mut entries = Vec::new();
+    let mut expected = from;
+    'batches: for batch in batches {
+        let records = batch.records().map_err(|e| {
+            NodeError(format!(
+                "committed batch at offset {} does not decode: {e}",
+                batch.base_offset
+            ))
+        })?;
+        for (i, record) in records.into_iter().enumerate() {
+            let offset = batch.base_offset + i as Offset;
+            if offset < expected {
+                continue;
+            }
+            if offset >= until || entries.len() >= max {
+                break 'batches;
+            }
+            if offset != expected {
+                return Err(NodeError(format!(
+                    "gap in the committed log: expected offset {expected}, found {offset}"
+                )));
+            }
+            let value = match &record {
+                Record::Data(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+                _ => None,
+            };
+            entries.push(LogEntry {
+                offset,
+                epoch: batch.epoch,
+                kind: record.kind().to_string(),
+                value,
+            });
+            expected += 1;
+        }
+    }
+    Ok(entries)
+}
+
+impl Handler<Shutdown> for QuorumState {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Shutdown, ctx: &mut Self::Context) {
+        if self.shutting_down.is_some() || self.is_stopping() {
+            return;
+        }
+        let now = self.tick();
+        info!(
+            node_id = self.node_id,
+            role = self.node.role().role.as_str(),
+            "graceful shutdown"
+        );
+        self.shutting_down = Some(ShuttingDown::default());
+        // A leader resigns and sends EndQuorumEpoch (recorded as they are
+        // executed); after_actions stops the actor once each was answered
+        // once, which for any other role is at once.
+        self.node.resign(now);
+        // Whatever happens, stop within the grace period.
+        ctx.run_later(Duration::from_millis(SHUTDOWN_GRACE_MS), |act, ctx| {
+            act.stop(ctx, StopReason::Shutdown)
+        });
+        self.drive(ctx);
+    }
+}
+
+// ---------------------------------------------------------------------
+// Forwarding appends from a follower to the leader
+// ---------------------------------------------------------------------
+
+/// Forward these records to the leader as `RaftRequest::Append`.
+#[derive(Message, Debug)]
+#[rtype(result = "Result<Appended, AppendError>")]
+pub struct Forward {
+    pub leader_id: NodeId,
+    pub records: Vec<Vec<u8>>,
+}
+
+/// Fail everything pending and stop.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct StopForwarder;
+
+struct PendingForward {
+    leader_id: NodeId,
+    reply: oneshot::Sender<Result<Appended, AppendError>>,
+}
+
+/// Sends a follower's local appends to the leader and relays the answer.
+///
+/// It lives beside QuorumState because it only serves its `Propose`, and it
+/// has its *own* RequestManager: a forwarded append is answered only when
+/// its records commit, and if it shared the RequestManager of the protocol
+/// (one request in flight per destination) it could hold up this node's
+/// Fetch to the same leader, which the commit may itself be waiting for. A
+/// separate manager also keeps its correlation ids apart from the engine's.
+pub struct AppendForwarder {
+    requests: Recipient<SendRequest>,
+    voters: BTreeMap<NodeId, String>,
+    pending: HashMap<u64, PendingForward>,
+    next_correlation_id: u64,
+}
+
+impl AppendForwarder {
+    pub fn new(requests: Recipient<SendRequest>, voters: BTreeMap<NodeId, String>) -> Self {
+        AppendForwarder {
+            requests,
+            voters,
+            pending: HashMap::new(),
+            next_correlation_id: 1,
+        }
+    }
+
+    fn not_leader(&self, leader_id: Option<NodeId>) -> AppendError {
+        let leader_endpoint = leader_id.and_then(|id| self.voters.get(&id).cloned());
+        AppendError::NotLeader {
+            leader_id,
+            leader_endpoint,
+        }
+    }
+
+    fn outcome(
+        &self,
+        leader_id: NodeId,
+        result: Result<RaftResponse, TransportError>,
+    ) -> Result<Appended, AppendError> {
+        match result {
+            Ok(RaftResponse::Append(AppendResponse::Committed {
+                base_offset,
+                last_offset,
+                epoch,
+            })) => Ok(Appended {
+                base_offset,
+                last_offset,
+                epoch,
+            }),
+            Ok(RaftResponse::Append(AppendResponse::NotLeader { leader_id })) => Err(self.not_leader(leader_id)),
+            Ok(RaftResponse::Append(AppendResponse::OutcomeUnknown { reason })) => {
+                Err(AppendError::OutcomeUnknown(reason))
+            }
+            Ok(RaftResponse::Append(AppendResponse::Rejected { reason })) => Err(AppendError::Rejected(reason)),
+            // Refused before it reached the leader's protocol: nothing written.
+            Ok(RaftResponse::Error(ErrorCode::BrokerNotAvailable)) => Err(self.not_leader(None)),
+            Ok(RaftResponse::Error(code)) => Err(AppendError::Rejected(format!(
+                "node {leader_id} refused the append: {code:?}"
+            ))),
+            Ok(other) => Err(AppendError::OutcomeUnknown(format!(
+                "unexpected answer from node {leader_id}: {other:?}"
+            ))),
+            // Never connected: nothing was sent.
+            Err(TransportError::Connect(..)) | Err(TransportError::UnknownNode(_)) => {
+                Err(self.not_leader(Some(leader_id)))
+            }
+            // Sent, then lost: the records may or may not commit.
+            Err(e @ TransportError::Disconnected(..)) | Err(e @ TransportError::Timeout(_)) => {
+                Err(AppendError::OutcomeUnknown(e.to_string()))
+            }
+        }
+    }
+}
+
+impl Actor for AppendForwarder {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        for (_, pending) in self.pending.drain() {
+            let _ = pending.reply.send(Err(AppendError::OutcomeUnknown(
+                "the node stopped before the leader answered".into(),
+            )));
+        }
+    }
+}
+
+impl Handler<Forward> for AppendForwarder {
+    type Result = ResponseFuture<Result<Appended, AppendError>>;
+
+    fn handle(&mut self, msg: Forward, ctx: &mut Self::Context) -> Self::Result {
+        if self.pending.len() >= MAX_FORWARDED_PENDING {
+            let error = AppendError::Unavailable(format!(
+                "{} forwarded appends are already in flight",
+                self.pending.len()
+            ));
+            return Box::pin(ready(Err(error)));
+        }
+        let correlation_id = self.next_correlation_id;
+        self.next_correlation_id += 1;
+        let (reply, answer) = oneshot::channel();
+        self.pending.insert(
+            correlation_id,
+            PendingForward {
+                leader_id: msg.leader_id,
+                reply,
+            },
+        );
+        let records = msg.records.into_iter().map(serde_bytes::ByteBuf::from).collect();
+        let request = SendRequest {
+            to: msg.leader_id,
+            correlation_id,
+            request: RaftRequest::Append(AppendRequest { records }),
+        };
+        ctx.spawn(
+            wrap_future::<_, Self>(self.requests.send(request)).map(move |sent, act, _ctx| {
+                if sent.is_err() {
+                    error!("the append forwarder's request manager is gone");
+                    if let Some(pending) = act.pending.remove(&correlation_id) {
+                        let _ = pending
+                            .reply
+                            .send(Err(AppendError::Unavailable("the request manager stopped".into())));
+                    }
+                }
+            }),
+        );
+        Box::pin(async move {
+            answer.await.unwrap_or_else(|_| {
+                Err(AppendError::OutcomeUnknown(
+                    "the node stopped before the leader answered".into(),
+                ))
+            })
+        })
+    }
+}
+
+impl Handler<RequestOutcome> for AppendForwarder {
+    type Result = ();
+
+    fn handle(&mut self, msg: RequestOutcome, _ctx: &mut Self::Context) {
+        let Some(pending) = self.pending.remove(&msg.correlation_id) else {
+            debug!(
+                correlation_id = msg.correlation_id,
+                "answer to a forwarded append nobody waits for"
+            );
+            return;
+        };
+        let outcome = self.outcome(pending.leader_id, msg.result);
+        let _ = pending.reply.send(outcome);
+    }
+}
+
+impl Handler<StopForwarder> for AppendForwarder {
+    type Result = ();
+
+    fn handle(&mut self, _msg: StopForwarder, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn committed_entries_are_contiguous_and_bounded() {
+        let b0 = Batch::new(
+            0,
+            1,
+            &[Record::LeaderChange {
+                leader_id: 1,
+                voters: vec![1],
+                granting_voters: vec![1],
+            }],
+        );
+        let b1 = Batch::new(
+            1,
+            1,
+            &[Record::Data(b"a".to_vec()), Record::Data(b"b".to_vec()), Record::NoOp],
+        );
+        let all = committed_entries(&[b0.clone(), b1.clone()], 0, 4, 100).unwrap();
+        assert_eq!(all.iter().map(|e| e.offset).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(all[0].kind, "leader_change");
+        assert_eq!(all[1].value.as_deref(), Some("a"));
+        assert_eq!(all[3].value, None);
+        // From the middle of a batch, bounded by the high watermark and max.
+        let some = committed_entries(std::slice::from_ref(&b1), 2, 4, 1).unwrap();
+        assert_eq!(some.len(), 1);
+        assert_eq!(some[0].offset, 2);
+        let below_hw = committed_entries(&[b0, b1], 0, 2, 100).unwrap();
+        assert_eq!(below_hw.len(), 2);
+    }
+
+    #[test]
+    fn committed_entries_reject_a_gap() {
+        let b = Batch::new(5, 1, &[Record::NoOp]);
+        assert!(committed_entries(&[b], 3, 10, 100).is_err());
+    }
+}

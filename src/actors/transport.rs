@@ -1,1 +1,424 @@
-//! (in progress)
+//! The inbound raft listener (DESIGN.md §5).
+//!
+//! [`serve`] binds the raft listener and accepts peer connections. Each
+//! connection gets two tasks on the current arbiter (so the hop to the
+//! QuorumState actor stays on one thread when it lives there too):
+//!
+//! - a **reader** that reads frames (u32 big-endian length + bincode
+//!   envelope), checks them, and hands every request to the handler as an
+//!   [`InboundRequest`]; it waits for the handler's mailbox (`send`), which
+//!   is the connection's backpressure, but never for a response;
+//! - a **writer** that owns the write half and writes each response, with
+//!   its request's correlation id, as soon as the handler answers. Responses
+//!   may leave in any order: a Fetch parked for 500 ms does not hold back a
+//!   Vote that arrived after it.
+//!
+//! Untrusted input never panics the node, and a frame's buffer grows with
+//! the bytes that arrive, not with the length the peer claims: a length
+//! prefix above `max_frame_bytes`, a frame that does not decode, a truncated
+//! frame or a response sent on an inbound connection closes that connection
+//! only. A request carrying another cluster's id is answered with
+//! `Error(InconsistentClusterId)` (another wire version: `InvalidRequest`)
+//! and the connection stays open. A peer that half-closes after its last
+//! request still gets the answers before the connection is closed.
+//!
+//! Bounds: at most [`MAX_CONNECTIONS`] connections, and at most
+//! [`MAX_IN_FLIGHT_PER_CONNECTION`] unanswered requests per connection (the
+//! reader stops reading until one is answered).
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Recipient;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, error, info, warn};
+
+use crate::messages::actor::InboundRequest;
+use crate::messages::codec::{self, Body, Envelope, WIRE_VERSION};
+use crate::messages::rpc::{ErrorCode, RaftResponse};
+use crate::raft::NodeId;
+
+/// Most connections the listener keeps open at once; more are refused.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Most requests of one connection the handler may hold unanswered.
+pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 256;
+
+/// Bytes read from a socket per system call (frames are parsed from this).
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Why reading a frame failed. Every variant closes the connection.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {len} bytes exceeds max_frame_bytes = {limit}")]
+    TooLarge { len: u64, limit: u64 },
+    #[error("connection closed in the middle of a frame ({got} of {expected} bytes)")]
+    Truncated { expected: u64, got: u64 },
+    #[error("read failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads one frame body (the bytes after the length prefix).
+///
+/// `Ok(None)` is a clean end of stream at a frame boundary. The buffer grows
+/// with the bytes that actually arrive, never to the claimed length up front,
+/// so a peer cannot make us allocate memory it has not sent.
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_frame_bytes: u64,
+) -> Result<Option<Vec<u8>>, FrameError> {
+    let mut prefix = [0u8; 4];
+    let mut filled = 0;
+    while filled < prefix.len() {
+        let n = reader.read(&mut prefix[filled..]).await?;
+        if n == 0 {
+            if filled == 0 {
+                return Ok(None);
+            }
+            return Err(FrameError::Truncated {
+                expected: 4,
+                got: filled as u64,
+            });
+        }
+        filled += n;
+    }
+    let len = u64::from(u32::from_be_bytes(prefix));
+    if len > max_frame_bytes {
+        return Err(FrameError::TooLarge {
+            len,
+            limit: max_frame_bytes,
+        });
+    }
+    let mut body = Vec::with_capacity(len.min(READ_BUFFER_BYTES as u64) as usize);
+    (&mut *reader).take(len).read_to_end(&mut body).await?;
+    if (body.len() as u64) < len {
+        return Err(FrameError::Truncated {
+            expected: len,
+            got: body.len() as u64,
+        });
+    }
+    Ok(Some(body))
+}
+
+/// Handle of a running raft listener. Dropping it shuts the listener down
+/// like [`RaftServer::shutdown`].
+#[must_use = "dropping the RaftServer shuts the listener down"]
+pub struct RaftServer {
+    local_addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+}
+
+impl RaftServer {
+    /// The bound address (the real port when `serve` was given port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting and closes every connection; unanswered requests are
+    /// dropped (their senders time out). Returns at once; the tasks finish
+    /// at their next poll.
+    pub fn shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+}
+
+impl Drop for RaftServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// What every connection of one listener shares.
+struct Shared {
+    cluster_id: String,
+    local_id: NodeId,
+    max_frame_bytes: u64,
+    handler: Recipient<InboundRequest>,
+    /// Connections currently open (≤ MAX_CONNECTIONS).
+    open_connections: Cell<usize>,
+}
+
+/// Binds the raft listener on `addr` and serves it on the current actix
+/// arbiter (must be called inside an actix `System`). Every request goes to
+/// `handler`; its answer goes back on the connection it came from.
+pub async fn serve(
+    addr: SocketAddr,
+    cluster_id: String,
+    local_id: NodeId,
+    max_frame_bytes: u64,
+    handler: Recipient<InboundRequest>,
+) -> std::io::Result<RaftServer> {
+    let listener = TcpListener::bind(addr).await?;
+    let local_addr = listener.local_addr()?;
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let shared = Rc::new(Shared {
+        cluster_id,
+        local_id,
+        max_frame_bytes,
+        handler,
+        open_connections: Cell::new(0),
+    });
+    actix_rt::spawn(accept_loop(listener, shared, shutdown_rx));
+    info!(%local_addr, node_id = local_id, "raft listener started");
+    Ok(RaftServer {
+        local_addr,
+        shutdown: shutdown_tx,
+    })
+}
+
+/// Resolves once shutdown is requested (or the `RaftServer` is dropped).
+async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+async fn accept_loop(listener: TcpListener, shared: Rc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let local_addr = listener.local_addr().ok();
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown_requested(&mut shutdown) => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                if shared.open_connections.get() >= MAX_CONNECTIONS {
+                    warn!(%peer, limit = MAX_CONNECTIONS, "too many raft connections; refusing this one");
+                    continue;
+                }
+                if let Err(e) = stream.set_nodelay(true) {
+                    debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+                }
+                let slot = ConnectionSlot::take(shared.clone());
+                actix_rt::spawn(connection(stream, peer, slot, shutdown.clone()));
+            }
+            Err(e) => {
+                // Usually out of file descriptors: back off instead of spinning.
+                warn!(error = %e, "accept failed on the raft listener");
+                tokio::select! {
+                    _ = shutdown_requested(&mut shutdown) => break,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        }
+    }
+    info!(local_addr = ?local_addr, "raft listener stopped");
+}
+
+/// Work for a connection's writer, in the order the reader produced it.
+enum Outbound {
+    /// A frame to write as is (a refusal the reader answered itself).
+    Ready {
+        frame: Vec<u8>,
+        _permit: OwnedSemaphorePermit,
+    },
+    /// A response the handler will send on `reply`.
+    Pending {
+        correlation_id: u64,
+        reply: oneshot::Receiver<RaftResponse>,
+        permit: OwnedSemaphorePermit,
+    },
+}
+
+async fn connection(stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot, mut shutdown: watch::Receiver<bool>) {
+    let shared = &slot.0;
+    debug!(%peer, "raft connection accepted");
+    let (read_half, write_half) = stream.into_split();
+    let (outbound_tx, outbound_rx) = mpsc::channel(MAX_IN_FLIGHT_PER_CONNECTION);
+    let mut writer = actix_rt::spawn(write_loop(write_half, outbound_rx, shared.clone(), peer));
+    let end = tokio::select! {
+        _ = shutdown_requested(&mut shutdown) => {
+            debug!(%peer, "closing raft connection: listener shut down");
+            ReadEnd::Abort
+        }
+        end = read_loop(read_half, peer, shared, outbound_tx) => end,
+    };
+    if end == ReadEnd::PeerClosed {
+        // A peer may half-close after its last request (a one-shot tool
+        // does): answer what it asked before closing our side.
+        tokio::select! {
+            _ = shutdown_requested(&mut shutdown) => {}
+            _ = &mut writer => {}
+        }
+    }
+    writer.abort();
+}
+
+/// One of the MAX_CONNECTIONS places, held for as long as a connection's
+/// task lives (however it ends).
+struct ConnectionSlot(Rc<Shared>);
+
+impl ConnectionSlot {
+    fn take(shared: Rc<Shared>) -> ConnectionSlot {
+        shared.open_connections.set(shared.open_connections.get() + 1);
+        ConnectionSlot(shared)
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.open_connections.set(self.0.open_connections.get() - 1);
+    }
+}
+
+/// How a connection's reader stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadEnd {
+    /// Clean end of stream at a frame boundary: pending answers are still sent.
+    PeerClosed,
+    /// Protocol violation, I/O error or shutdown: close at once.
+    Abort,
+}
+
+/// Reads requests until the peer closes the connection or breaks the
+/// protocol.
+async fn read_loop(
+    read_half: OwnedReadHalf,
+    peer: SocketAddr,
+    shared: &Shared,
+    outbound: mpsc::Sender<Outbound>,
+) -> ReadEnd {
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
+    loop {
+        let body = match read_frame(&mut reader, shared.max_frame_bytes).await {
+            Ok(Some(body)) => body,
+            Ok(None) => {
+                debug!(%peer, "raft connection closed by peer");
+                return ReadEnd::PeerClosed;
+            }
+            Err(FrameError::Io(e)) => {
+                debug!(%peer, error = %e, "raft connection failed");
+                return ReadEnd::Abort;
+            }
+            Err(e) => {
+                warn!(%peer, error = %e, "closing raft connection");
+                return ReadEnd::Abort;
+            }
+        };
+        let envelope = match codec::decode_frame(&body, shared.max_frame_bytes) {
+            Ok(envelope) => envelope,
+            Err(e) => {
+                warn!(%peer, error = %e, "undecodable frame; closing raft connection");
+                return ReadEnd::Abort;
+            }
+        };
+        drop(body);
+        let Envelope {
+            version,
+            source_id,
+            correlation_id,
+            cluster_id,
+            body,
+        } = envelope;
+        let request = match body {
+            Body::Request(request) => request,
+            Body::Response(_) => {
+                warn!(%peer, source_id, "response on an inbound connection; closing raft connection");
+                return ReadEnd::Abort;
+            }
+        };
+        // Bounds the requests this connection has in flight; waiting here
+        // stops reading, which pushes back on the peer through TCP.
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return ReadEnd::Abort;
+        };
+
+        let refusal = if cluster_id != shared.cluster_id {
+            warn!(%peer, source_id, their_cluster_id = %cluster_id, api = request.api_name(),
+                "request from another cluster; answering InconsistentClusterId");
+            Some(ErrorCode::InconsistentClusterId)
+        } else if version != WIRE_VERSION {
+            warn!(%peer, source_id, version, "unsupported wire version; answering InvalidRequest");
+            Some(ErrorCode::InvalidRequest)
+        } else {
+            None
+        };
+        if let Some(code) = refusal {
+            let frame = response_frame(shared, correlation_id, RaftResponse::Error(code));
+            if outbound.send(Outbound::Ready { frame, _permit: permit }).await.is_err() {
+                return ReadEnd::Abort;
+            }
+            continue;
+        }
+
+        let (reply, reply_rx) = oneshot::channel();
+        if let Err(e) = shared
+            .handler
+            .send(InboundRequest {
+                from: source_id,
+                request,
+                reply,
+            })
+            .await
+        {
+            error!(%peer, error = %e, "raft request handler is gone; closing raft connection");
+            return ReadEnd::Abort;
+        }
+        let pending = Outbound::Pending {
+            correlation_id,
+            reply: reply_rx,
+            permit,
+        };
+        if outbound.send(pending).await.is_err() {
+            // The writer stopped (write error): nothing more can be answered.
+            return ReadEnd::Abort;
+        }
+    }
+}
+
+/// Writes responses as they become ready, in whatever order that is.
+async fn write_loop(
+    mut write_half: OwnedWriteHalf,
+    mut outbound: mpsc::Receiver<Outbound>,
+    shared: Rc<Shared>,
+    peer: SocketAddr,
+) {
+    let mut pending = FuturesUnordered::new();
+    // False once the reader has stopped; the answers still pending are
+    // written, then the writer stops.
+    let mut receiving = true;
+    loop {
+        let frame = tokio::select! {
+            item = outbound.recv(), if receiving => match item {
+                None => {
+                    receiving = false;
+                    continue;
+                }
+                Some(Outbound::Ready { frame, _permit }) => frame,
+                Some(Outbound::Pending { correlation_id, reply, permit }) => {
+                    pending.push(async move { (correlation_id, reply.await, permit) });
+                    continue;
+                }
+            },
+            Some((correlation_id, answer, _permit)) = pending.next(), if !pending.is_empty() => match answer {
+                Ok(response) => response_frame(&shared, correlation_id, response),
+                Err(_) => {
+                    // The handler chose not to answer; the peer times out.
+                    debug!(%peer, correlation_id, "request dropped without a response");
+                    continue;
+                }
+            },
+            else => return,
+        };
+        if let Err(e) = write_half.write_all(&frame).await {
+            debug!(%peer, error = %e, "write failed; closing raft connection");
+            return;
+        }
+    }
+}
+
+fn response_frame(shared: &Shared, correlation_id: u64, response: RaftResponse) -> Vec<u8> {
+    codec::encode_frame(&Envelope {
+        version: WIRE_VERSION,
+        source_id: shared.local_id,
+        correlation_id,
+        cluster_id: shared.cluster_id.clone(),
+        body: Body::Response(response),
+    })
+}

@@ -1,1 +1,287 @@
-//! (in progress)
+//! HTTP API v1 (actix-web, JSON) on `listeners.http`.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /v1/quorum` | 200 [`QuorumStatus`] |
+//! | `POST /v1/append` `{"records": ["text", ...]}` | 200 `{"base_offset", "last_offset", "epoch"}` once committed |
+//! | `GET /v1/log?from=OFFSET&max=N` | 200 [`LogPage`] of committed records |
+//! | `GET /healthz` | 200 `{"status": "ok", "node_id", "role", "leader_id", "leader_epoch"}` |
+//! | `GET /metrics` | 200 Prometheus text (see [`metrics`]) |
+//!
+//! Every error is JSON with an `error` code (see [`ApiError`]): 400
+//! `BAD_REQUEST` (malformed JSON, wrong shape, empty record list, bad query
+//! parameters) and `REJECTED` (the node refused the batch); 413
+//! `PAYLOAD_TOO_LARGE` (body over the batch cap); 503 `NOT_LEADER` (with
+//! `leader_id`, null when unknown) and `UNAVAILABLE`; 500 `OUTCOME_UNKNOWN`
+//! (leadership lost after the records were handed over: they may or may not
+//! commit; never retried here); 404 `NOT_FOUND`; 405 `METHOD_NOT_ALLOWED`.
+//!
+//! Handlers only decode, call the node, and encode: they are written against
+//! the small `NodeApi` trait so they can be tested without a quorum.
+
+mod error;
+pub mod metrics;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::num::IntErrorKind;
+
+use actix_web::error::JsonPayloadError;
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer, ResponseError};
+use serde::Deserialize;
+use serde_json::json;
+
+pub use error::ApiError;
+
+use crate::messages::MAX_BATCH_BYTES;
+use crate::node::{AppendError, Appended, LogPage, MetricsSnapshot, NodeError, NodeHandle, QuorumStatus};
+use crate::raft::Offset;
+
+/// `GET /v1/log` returns this many records when `max` is not given.
+pub const LOG_PAGE_DEFAULT: usize = 100;
+/// `GET /v1/log` never returns more than this many records; a larger `max`
+/// is capped, not refused.
+pub const LOG_PAGE_MAX: usize = 10_000;
+/// Longest a graceful stop waits for in-flight requests, in seconds.
+const SHUTDOWN_TIMEOUT_S: u64 = 5;
+/// HTTP is not the hot path of the quorum: a few worker threads are plenty.
+const MAX_HTTP_WORKERS: usize = 4;
+
+/// Binds the HTTP API for `handle` on `addr` (port 0 picks a free port) with
+/// the request body capped at the default batch cap
+/// ([`MAX_BATCH_BYTES`], 8 MiB). Returns the server, which the caller
+/// spawns or awaits, and the bound address. The server does not install
+/// signal handlers: stopping it is the caller's business
+/// (`server.handle().stop(true)`).
+pub fn http_server(handle: NodeHandle, addr: SocketAddr) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
+    http_server_with_limit(handle, addr, MAX_BATCH_BYTES)
+}
+
+/// [`http_server`] with the request body capped at `max_body_bytes`
+/// (the server binary passes `log.max_batch_bytes`).
+pub fn http_server_with_limit(
+    handle: NodeHandle,
+    addr: SocketAddr,
+    max_body_bytes: usize,
+) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
+    serve(handle, addr, max_body_bytes)
+}
+
+/// What the handlers need from a node; [`NodeHandle`] in production, a fake
+/// in the unit tests below.
+pub(crate) trait NodeApi: Clone + 'static {
+    fn append(&self, records: Vec<Vec<u8>>) -> impl Future<Output = Result<Appended, AppendError>>;
+    fn describe(&self) -> impl Future<Output = Result<QuorumStatus, NodeError>>;
+    fn read_committed(&self, from: Offset, max: usize) -> impl Future<Output = Result<LogPage, NodeError>>;
+    fn metrics(&self) -> impl Future<Output = Result<MetricsSnapshot, NodeError>>;
+}
+
+impl NodeApi for NodeHandle {
+    fn append(&self, records: Vec<Vec<u8>>) -> impl Future<Output = Result<Appended, AppendError>> {
+        NodeHandle::append(self, records)
+    }
+    fn describe(&self) -> impl Future<Output = Result<QuorumStatus, NodeError>> {
+        NodeHandle::describe(self)
+    }
+    fn read_committed(&self, from: Offset, max: usize) -> impl Future<Output = Result<LogPage, NodeError>> {
+        NodeHandle::read_committed(self, from, max)
+    }
+    fn metrics(&self) -> impl Future<Output = Result<MetricsSnapshot, NodeError>> {
+        NodeHandle::metrics(self)
+    }
+}
+
+fn serve<N: NodeApi + Send>(
+    node: N,
+    addr: SocketAddr,
+    max_body_bytes: usize,
+) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(MAX_HTTP_WORKERS);
+    let server = HttpServer::new(move || {
+        let node = node.clone();
+        App::new().configure(move |cfg| routes(cfg, node, max_body_bytes))
+    })
+    .workers(workers)
+    .disable_signals()
+    .shutdown_timeout(SHUTDOWN_TIMEOUT_S)
+    .bind(addr)?;
+    let bound = server.addrs().first().copied().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            format!("{addr} resolved to no address"),
+        )
+    })?;
+    Ok((server.run(), bound))
+}
+
+/// Every route, the extractor configuration that keeps their errors JSON,
+/// and JSON 404/405 answers.
+fn routes<N: NodeApi>(cfg: &mut web::ServiceConfig, node: N, max_body_bytes: usize) {
+    cfg.app_data(web::Data::new(node))
+        .app_data(
+            web::JsonConfig::default()
+                .limit(max_body_bytes)
+                // `curl -d` sends application/x-www-form-urlencoded; the
+                // body is JSON whatever the header says.
+                .content_type_required(false)
+                .content_type(|_| true)
+                .error_handler(json_error),
+        )
+        .app_data(web::PayloadConfig::new(max_body_bytes))
+        .app_data(
+            web::QueryConfig::default()
+                .error_handler(|err, _req| ApiError::BadRequest(format!("query string: {err}")).into()),
+        )
+        .service(
+            web::resource("/v1/quorum")
+                .route(web::get().to(quorum::<N>))
+                .default_service(web::to(not_allowed)),
+        )
+        .service(
+            web::resource("/v1/append")
+                .route(web::post().to(append::<N>))
+                .default_service(web::to(not_allowed)),
+        )
+        .service(
+            web::resource("/v1/log")
+                .route(web::get().to(log::<N>))
+                .default_service(web::to(not_allowed)),
+        )
+        .service(
+            web::resource("/healthz")
+                .route(web::get().to(healthz::<N>))
+                .default_service(web::to(not_allowed)),
+        )
+        .service(
+            web::resource("/metrics")
+                .route(web::get().to(prometheus::<N>))
+                .default_service(web::to(not_allowed)),
+        )
+        .default_service(web::to(not_found));
+}
+
+fn json_error(err: JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
+    let api_error = match &err {
+        JsonPayloadError::OverflowKnownLength { length, limit } => {
+            ApiError::PayloadTooLarge(format!("body of {length} bytes is over the limit of {limit} bytes"))
+        }
+        JsonPayloadError::Overflow { limit } => {
+            ApiError::PayloadTooLarge(format!("body is over the limit of {limit} bytes"))
+        }
+        JsonPayloadError::Payload(actix_web::error::PayloadError::Overflow) => {
+            ApiError::PayloadTooLarge("body is over the size limit".to_owned())
+        }
+        JsonPayloadError::Deserialize(e) => ApiError::BadRequest(format!(
+            "body must be a JSON object {{\"records\": [\"text\", ...]}}: {e}"
+        )),
+        other => ApiError::BadRequest(format!("cannot read body: {other}")),
+    };
+    api_error.into()
+}
+
+async fn not_found(req: HttpRequest) -> HttpResponse {
+    ApiError::NotFound(format!("no route for {}", truncated(req.path()))).error_response()
+}
+
+async fn not_allowed(req: HttpRequest) -> HttpResponse {
+    ApiError::MethodNotAllowed(format!("{} is not allowed on {}", req.method(), truncated(req.path()))).error_response()
+}
+
+async fn quorum<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(node.describe().await?))
+}
+
+/// The body of `POST /v1/append`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppendRequest {
+    records: Vec<String>,
+}
+
+async fn append<N: NodeApi>(node: web::Data<N>, body: web::Json<AppendRequest>) -> Result<HttpResponse, ApiError> {
+    let records = body.into_inner().records;
+    if records.is_empty() {
+        return Err(ApiError::BadRequest("records must hold at least one record".to_owned()));
+    }
+    let records = records.into_iter().map(String::into_bytes).collect();
+    // Resolves only at commit. Any failure after hand-over comes back as
+    // OutcomeUnknown and is passed on as such, never retried.
+    let appended = node.append(records).await?;
+    Ok(HttpResponse::Ok().json(appended))
+}
+
+/// The query of `GET /v1/log`, as text so that errors can name the
+/// parameter.
+#[derive(Debug, Deserialize)]
+struct LogParams {
+    from: Option<String>,
+    max: Option<String>,
+}
+
+async fn log<N: NodeApi>(node: web::Data<N>, params: web::Query<LogParams>) -> Result<HttpResponse, ApiError> {
+    let params = params.into_inner();
+    let max = match params.max.as_deref() {
+        None => LOG_PAGE_DEFAULT,
+        Some(text) => match text.parse::<u64>() {
+            // A count too large for u64 is still a count: cap it.
+            Err(e) if *e.kind() == IntErrorKind::PosOverflow => LOG_PAGE_MAX,
+            Ok(0) | Err(_) => {
+                return Err(ApiError::BadRequest(format!(
+                    "max: expected a record count of at least 1, got {:?}",
+                    truncated(text)
+                )))
+            }
+            Ok(n) => usize::try_from(n).unwrap_or(usize::MAX).min(LOG_PAGE_MAX),
+        },
+    };
+    let from = match params.from.as_deref() {
+        // The log start moves only forward (snapshots), so a stale value
+        // at worst makes the node answer from its new start.
+        None => node.describe().await?.log_start_offset,
+        Some(text) => match text.parse::<Offset>() {
+            Ok(offset) if offset >= 0 => offset,
+            _ => {
+                return Err(ApiError::BadRequest(format!(
+                    "from: expected an offset (an integer >= 0), got {:?}",
+                    truncated(text)
+                )))
+            }
+        },
+    };
+    Ok(HttpResponse::Ok().json(node.read_committed(from, max).await?))
+}
+
+async fn healthz<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
+    let status = node.describe().await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "status": "ok",
+        "node_id": status.node_id,
+        "role": status.role,
+        "leader_id": status.leader_id,
+        "leader_epoch": status.leader_epoch,
+    })))
+}
+
+async fn prometheus<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
+    let snapshot = node.metrics().await?;
+    Ok(HttpResponse::Ok()
+        .content_type(metrics::CONTENT_TYPE)
+        .body(metrics::render(&snapshot)))
+}
+
+/// Caps text echoed back from a request, so an error message stays small.
+fn truncated(text: &str) -> String {
+    const MAX_ECHO_CHARS: usize = 64;
+    if text.chars().count() <= MAX_ECHO_CHARS {
+        text.to_owned()
+    } else {
+        let mut short: String = text.chars().take(MAX_ECHO_CHARS).collect();
+        short.push('…');
+        short
+    }
+}
+
+#[cfg(test)]
+mod tests;

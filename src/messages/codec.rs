@@ -47,14 +47,21 @@ fn options(limit: u64) -> impl Options {
 /// Decodes untrusted bytes with fixint encoding and a byte limit; never panics.
 pub fn decode_bounded<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, CodecError> {
     if bytes.len() as u64 > limit {
-        return Err(CodecError::FrameTooLarge { len: bytes.len() as u64, limit });
+        return Err(CodecError::FrameTooLarge {
+            len: bytes.len() as u64,
+            limit,
+        });
     }
-    options(limit).deserialize(bytes).map_err(|e| CodecError::Decode(e.to_string()))
+    options(limit)
+        .deserialize(bytes)
+        .map_err(|e| CodecError::Decode(e.to_string()))
 }
 
 /// Encodes a value in the same format `decode_bounded` reads.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    options(u64::MAX).serialize(value).expect("in-memory values always encode")
+    options(u64::MAX)
+        .serialize(value)
+        .expect("in-memory values always encode")
 }
 
 /// Encodes an envelope as one frame: length prefix + body.

@@ -47,9 +47,11 @@ impl Record {
     pub fn encoded_len(&self) -> usize {
         match self {
             Record::Data(bytes) => bytes.len() + 12,
-            Record::LeaderChange { voters, granting_voters, .. } => {
-                16 + 4 * (voters.len() + granting_voters.len())
-            }
+            Record::LeaderChange {
+                voters,
+                granting_voters,
+                ..
+            } => 16 + 4 * (voters.len() + granting_voters.len()),
             Record::NoOp => 4,
         }
     }
@@ -79,7 +81,13 @@ impl Batch {
         let payload = super::codec::encode(&records);
         let record_count = records.len() as u32;
         let crc = Self::checksum(base_offset, epoch, record_count, &payload);
-        Batch { base_offset, epoch, record_count, crc, payload }
+        Batch {
+            base_offset,
+            epoch,
+            record_count,
+            crc,
+            payload,
+        }
     }
 
     fn checksum(base_offset: Offset, epoch: Epoch, record_count: u32, payload: &[u8]) -> u32 {

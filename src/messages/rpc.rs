@@ -141,8 +141,10 @@ pub struct ReplicaInfo {
     pub id: NodeId,
     /// None until the replica has fetched in this epoch.
     pub log_end_offset: Option<Offset>,
-    pub last_fetch_ms: Option<u64>,
-    pub last_caught_up_ms: Option<u64>,
+    /// How long ago the replica last fetched (relative, so clocks need not agree).
+    pub last_fetch_ms_ago: Option<u64>,
+    /// How long ago the replica was last caught up to the leader's log end.
+    pub last_caught_up_ms_ago: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,7 +168,11 @@ pub struct AppendRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AppendResponse {
     /// Committed at these offsets by the leader of `epoch`.
-    Committed { base_offset: Offset, last_offset: Offset, epoch: Epoch },
+    Committed {
+        base_offset: Offset,
+        last_offset: Offset,
+        epoch: Epoch,
+    },
     /// The receiver is not the leader; it names the leader it knows.
     NotLeader { leader_id: Option<NodeId> },
     /// Leadership was lost before the records committed: they may or may

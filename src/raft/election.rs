@@ -20,6 +20,10 @@ pub struct ElectionState {
 
 impl ElectionState {
     pub fn unattached(epoch: Epoch) -> Self {
-        ElectionState { epoch, voted_for: None, leader_id: None }
+        ElectionState {
+            epoch,
+            voted_for: None,
+            leader_id: None,
+        }
     }
 }

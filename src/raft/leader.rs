@@ -52,7 +52,10 @@ impl LeaderState {
             epoch,
             local_id,
             epoch_start_offset,
-            voters: voters.filter(|id| *id != local_id).map(|id| (id, ReplicaState::default())).collect(),
+            voters: voters
+                .filter(|id| *id != local_id)
+                .map(|id| (id, ReplicaState::default()))
+                .collect(),
             observers: BTreeMap::new(),
             granting_voters,
             fetched_since_check: BTreeSet::new(),
@@ -111,20 +114,28 @@ impl LeaderState {
 
     /// Voters that have not fetched in this epoch yet.
     pub fn voters_without_fetch(&self) -> Vec<NodeId> {
-        self.voters.iter().filter(|(_, r)| r.last_fetch_ms.is_none()).map(|(id, _)| *id).collect()
+        self.voters
+            .iter()
+            .filter(|(_, r)| r.last_fetch_ms.is_none())
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// Other voters ordered by replicated offset, best first (EndQuorumEpoch).
     pub fn preferred_successors(&self) -> Vec<NodeId> {
-        let mut voters: Vec<(NodeId, Offset)> =
-            self.voters.iter().map(|(id, r)| (*id, r.end_offset.unwrap_or(-1))).collect();
+        let mut voters: Vec<(NodeId, Offset)> = self
+            .voters
+            .iter()
+            .map(|(id, r)| (*id, r.end_offset.unwrap_or(-1)))
+            .collect();
         voters.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         voters.into_iter().map(|(id, _)| id).collect()
     }
 
     /// Drops observers that have not fetched for `session_ms`.
     pub fn expire_observers(&mut self, now_ms: u64, session_ms: u64) {
-        self.observers.retain(|_, r| r.last_fetch_ms.map(|t| now_ms < t + session_ms).unwrap_or(false));
+        self.observers
+            .retain(|_, r| r.last_fetch_ms.map(|t| now_ms < t + session_ms).unwrap_or(false));
     }
 
     pub fn describe(&self, now_ms: u64, local_end: Offset) -> (Vec<ReplicaInfo>, Vec<ReplicaInfo>) {
@@ -176,14 +187,22 @@ mod tests {
         let mut l = leader(&[1, 2, 3, 4, 5], 0);
         l.record_fetch(2, 10, 10, 1, 3000, 3);
         l.record_fetch(3, 10, 10, 1, 3000, 3);
-        assert_eq!(l.compute_high_watermark(4, 3), Some(4), "the leader's unflushed tail does not count");
+        assert_eq!(
+            l.compute_high_watermark(4, 3),
+            Some(4),
+            "the leader's unflushed tail does not count"
+        );
     }
 
     #[test]
     fn high_watermark_waits_for_the_epoch_start() {
         let mut l = leader(&[1, 2, 3], 5);
         l.record_fetch(2, 5, 6, 1, 3000, 2);
-        assert_eq!(l.compute_high_watermark(6, 2), None, "offset 5 (LeaderChange) is not committed yet");
+        assert_eq!(
+            l.compute_high_watermark(6, 2),
+            None,
+            "offset 5 (LeaderChange) is not committed yet"
+        );
         l.record_fetch(2, 6, 6, 2, 3000, 2);
         assert_eq!(l.compute_high_watermark(6, 2), Some(6));
     }
@@ -200,7 +219,10 @@ mod tests {
         let mut l = leader(&[1, 2, 3, 4, 5], 0);
         assert_eq!(l.check_quorum_deadline_ms, 3000);
         l.record_fetch(2, 0, 1, 1000, 3000, 3);
-        assert_eq!(l.check_quorum_deadline_ms, 3000, "leader + one voter is not a majority of five");
+        assert_eq!(
+            l.check_quorum_deadline_ms, 3000,
+            "leader + one voter is not a majority of five"
+        );
         l.record_fetch(2, 0, 1, 1500, 3000, 3);
         assert_eq!(l.check_quorum_deadline_ms, 3000, "the same voter twice still is not");
         l.record_fetch(3, 0, 1, 2000, 3000, 3);

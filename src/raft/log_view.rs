@@ -21,11 +21,23 @@ pub struct LogView {
 impl LogView {
     /// A view of a recovered log: everything in it is durable.
     pub fn new(start_offset: Offset, start_epoch: Epoch, end_offset: Offset, epochs: Vec<(Epoch, Offset)>) -> Self {
-        assert!(start_offset <= end_offset, "log start {start_offset} past end {end_offset}");
+        assert!(
+            start_offset <= end_offset,
+            "log start {start_offset} past end {end_offset}"
+        );
         for pair in epochs.windows(2) {
-            assert!(pair[0].0 < pair[1].0 && pair[0].1 < pair[1].1, "epoch cache not ascending: {epochs:?}");
+            assert!(
+                pair[0].0 < pair[1].0 && pair[0].1 < pair[1].1,
+                "epoch cache not ascending: {epochs:?}"
+            );
         }
-        LogView { start_offset, start_epoch, end_offset, flushed_end: end_offset, epochs }
+        LogView {
+            start_offset,
+            start_epoch,
+            end_offset,
+            flushed_end: end_offset,
+            epochs,
+        }
     }
 
     pub fn empty() -> Self {
@@ -94,7 +106,10 @@ impl LogView {
                 self.epochs.push((epoch, base_offset));
             }
             None => {
-                assert!(epoch >= self.start_epoch, "append of epoch {epoch} below the start epoch");
+                assert!(
+                    epoch >= self.start_epoch,
+                    "append of epoch {epoch} below the start epoch"
+                );
                 self.epochs.push((epoch, base_offset));
             }
         }

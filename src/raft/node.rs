@@ -159,11 +159,24 @@ pub enum Action {
     Flush,
     /// Send a request to a voter; the answer comes back through
     /// `handle_response` (or `handle_request_failed`) with this id.
-    Send { to: NodeId, correlation_id: u64, request: RaftRequest },
+    Send {
+        to: NodeId,
+        correlation_id: u64,
+        request: RaftRequest,
+    },
     /// Answer the request the shell delivered with `request_id`.
-    Respond { to: NodeId, request_id: u64, response: RaftResponse },
+    Respond {
+        to: NodeId,
+        request_id: u64,
+        response: RaftResponse,
+    },
     /// Answer a Fetch: fill `response.batches` from `read` (when set), then send.
-    RespondFetch { to: NodeId, request_id: u64, response: FetchResponse, read: Option<ReadRange> },
+    RespondFetch {
+        to: NodeId,
+        request_id: u64,
+        response: FetchResponse,
+        read: Option<ReadRange>,
+    },
     /// The high watermark moved forward to this offset.
     HighWatermark(Offset),
     /// Role, epoch or leader changed.
@@ -319,7 +332,10 @@ impl RaftNode {
             rng: SmallRng::seed_from_u64(seed),
             now_ms,
             election: election.clone(),
-            role: Role::Unattached(UnattachedState { election_deadline_ms: now_ms, next_discovery_ms: now_ms }),
+            role: Role::Unattached(UnattachedState {
+                election_deadline_ms: now_ms,
+                next_discovery_ms: now_ms,
+            }),
             log,
             high_watermark,
             flush_target: None,
@@ -338,7 +354,11 @@ impl RaftNode {
             resigned.campaign_at_once = node.is_only_voter();
             Role::Resigned(resigned)
         } else if is_voter && election.voted_for == Some(me) && election.leader_id.is_none() {
-            Role::Candidate(CandidateState { round: node.new_round(), retries: 1, backoff_until_ms: None })
+            Role::Candidate(CandidateState {
+                round: node.new_round(),
+                retries: 1,
+                backoff_until_ms: None,
+            })
         } else if let Some(leader) = election.leader_id.filter(|l| *l != me) {
             Role::Follower(node.new_follower(leader))
         } else {
@@ -370,7 +390,12 @@ impl RaftNode {
             RaftRequest::Fetch(req) if req.replica_id == from => self.handle_fetch_request(request_id, req),
             RaftRequest::Fetch(_) => {
                 let response = self.fetch_error(ErrorCode::InvalidRequest);
-                self.actions.push(Action::RespondFetch { to: from, request_id, response, read: None });
+                self.actions.push(Action::RespondFetch {
+                    to: from,
+                    request_id,
+                    response,
+                    read: None,
+                });
             }
             RaftRequest::DescribeQuorum => {
                 let response = RaftResponse::DescribeQuorum(self.describe(self.now_ms));
@@ -411,7 +436,10 @@ impl RaftNode {
                 }
             }
             RaftResponse::Fetch(resp) => self.handle_fetch_response(from, current, resp),
-            RaftResponse::Error(_) | RaftResponse::DescribeQuorum(_) | RaftResponse::FetchSnapshot(_) | RaftResponse::Append(_) => {
+            RaftResponse::Error(_)
+            | RaftResponse::DescribeQuorum(_)
+            | RaftResponse::FetchSnapshot(_)
+            | RaftResponse::Append(_) => {
                 self.note_request_failed(sent);
             }
         }
@@ -441,7 +469,10 @@ impl RaftNode {
         }
         let bytes: usize = records.iter().map(Record::encoded_len).sum();
         if bytes > self.config.max_batch_bytes {
-            return Err(ProposeError::TooLarge { bytes, limit: self.config.max_batch_bytes });
+            return Err(ProposeError::TooLarge {
+                bytes,
+                limit: self.config.max_batch_bytes,
+            });
         }
         if self.accumulator.would_overflow(bytes, self.config.max_batch_bytes) {
             self.drain_accumulator();
@@ -450,7 +481,11 @@ impl RaftNode {
         let last_offset = base_offset + records.len() as Offset - 1;
         self.accumulator.add(records, bytes, self.now_ms);
         self.poll();
-        Ok(Proposed { base_offset, last_offset, epoch })
+        Ok(Proposed {
+            base_offset,
+            last_offset,
+            epoch,
+        })
     }
 
     /// Storage reports that the flush we asked for completed; `durable_end`
@@ -572,7 +607,8 @@ impl RaftNode {
                 t
             }
             Role::Follower(f) => {
-                let blocked = self.has_inflight(RequestKind::Fetch) || (self.config.is_voter() && self.log.has_unflushed());
+                let blocked =
+                    self.has_inflight(RequestKind::Fetch) || (self.config.is_voter() && self.log.has_unflushed());
                 if blocked {
                     f.fetch_deadline_ms
                 } else {
@@ -580,7 +616,12 @@ impl RaftNode {
                 }
             }
             Role::Resigned(r) => {
-                let pending = r.retry_at_ms.iter().filter(|(id, _)| !r.acked.contains(id)).map(|(_, t)| *t).min();
+                let pending = r
+                    .retry_at_ms
+                    .iter()
+                    .filter(|(id, _)| !r.acked.contains(id))
+                    .map(|(_, t)| *t)
+                    .min();
                 r.election_deadline_ms.min(pending.unwrap_or(u64::MAX))
             }
         };
@@ -597,7 +638,7 @@ impl RaftNode {
     /// - Unattached → Unattached (higher epoch, or a vote granted), Prospective, Follower
     /// - Prospective → Candidate, Unattached, Follower
     /// - Candidate → Prospective (after a lost election and its backoff),
-    ///   Candidate (a restarted candidate), Leader, Unattached, Follower
+    ///   Leader, Unattached, Follower
     /// - Leader → Resigned, Unattached, Follower (the last two for a higher epoch)
     /// - Follower → Prospective, Unattached, Follower (higher epoch)
     /// - Resigned → Prospective, Unattached, Follower
@@ -609,22 +650,33 @@ impl RaftNode {
         use RoleKind::*;
         let from = self.role.kind();
         let to = next.kind();
+        // A table reads better than one long `matches!`.
+        #[allow(clippy::match_like_matches_macro)]
         let legal = match (from, to) {
             (_, Unattached) | (_, Follower) => true,
             (Unattached, Prospective) | (Follower, Prospective) | (Resigned, Prospective) => true,
-            (Prospective, Candidate) | (Candidate, Candidate) => true,
+            (Prospective, Candidate) => true,
             (Candidate, Leader) | (Candidate, Prospective) => true,
             (Leader, Resigned) => true,
             _ => false,
         };
-        assert!(legal, "illegal transition {from:?} -> {to:?} in epoch {}", self.election.epoch);
+        assert!(
+            legal,
+            "illegal transition {from:?} -> {to:?} in epoch {}",
+            self.election.epoch
+        );
         assert!(
             self.config.is_voter() || matches!(to, Unattached | Follower),
             "observer {} cannot become {to:?}",
             self.config.node_id
         );
         if let Some(state) = persist {
-            assert!(state.epoch >= self.election.epoch, "epoch would go back from {} to {}", self.election.epoch, state.epoch);
+            assert!(
+                state.epoch >= self.election.epoch,
+                "epoch would go back from {} to {}",
+                self.election.epoch,
+                state.epoch
+            );
             if state != self.election {
                 self.election = state.clone();
                 self.actions.push(Action::PersistElection(state));
@@ -652,7 +704,12 @@ impl RaftNode {
         self.accumulator.drain();
         for parked in std::mem::take(&mut self.parked) {
             let response = self.fetch_error(ErrorCode::NotLeaderOrFollower);
-            self.actions.push(Action::RespondFetch { to: parked.replica, request_id: parked.request_id, response, read: None });
+            self.actions.push(Action::RespondFetch {
+                to: parked.replica,
+                request_id: parked.request_id,
+                response,
+                read: None,
+            });
         }
     }
 
@@ -671,8 +728,16 @@ impl RaftNode {
 
     fn become_follower(&mut self, epoch: Epoch, leader: NodeId) {
         assert_ne!(leader, self.config.node_id, "cannot follow itself");
-        let voted_for = if epoch == self.election.epoch { self.election.voted_for } else { None };
-        let persist = ElectionState { epoch, voted_for, leader_id: Some(leader) };
+        let voted_for = if epoch == self.election.epoch {
+            self.election.voted_for
+        } else {
+            None
+        };
+        let persist = ElectionState {
+            epoch,
+            voted_for,
+            leader_id: Some(leader),
+        };
         self.election_retries = 1;
         let role = Role::Follower(self.new_follower(leader));
         self.transition(role, Some(persist));
@@ -687,9 +752,20 @@ impl RaftNode {
     fn become_candidate(&mut self, retries: u32) {
         let epoch = self.election.epoch + 1;
         let me = self.config.node_id;
-        let persist = ElectionState { epoch, voted_for: Some(me), leader_id: None };
+        let persist = ElectionState {
+            epoch,
+            voted_for: Some(me),
+            leader_id: None,
+        };
         let round = self.new_round();
-        self.transition(Role::Candidate(CandidateState { round, retries, backoff_until_ms: None }), Some(persist));
+        self.transition(
+            Role::Candidate(CandidateState {
+                round,
+                retries,
+                backoff_until_ms: None,
+            }),
+            Some(persist),
+        );
         self.maybe_win_election();
     }
 
@@ -711,7 +787,11 @@ impl RaftNode {
             self.now_ms,
             check_quorum_ms,
         );
-        let persist = ElectionState { epoch, voted_for: Some(me), leader_id: Some(me) };
+        let persist = ElectionState {
+            epoch,
+            voted_for: Some(me),
+            leader_id: Some(me),
+        };
         self.election_retries = 1;
         self.transition(Role::Leader(Box::new(leader)), Some(persist));
         // The first batch of every epoch is its LeaderChange record.
@@ -725,7 +805,10 @@ impl RaftNode {
 
     fn new_unattached(&mut self) -> UnattachedState {
         let deadline = self.now_ms + self.random_election_timeout();
-        UnattachedState { election_deadline_ms: deadline, next_discovery_ms: self.now_ms }
+        UnattachedState {
+            election_deadline_ms: deadline,
+            next_discovery_ms: self.now_ms,
+        }
     }
 
     fn new_round(&mut self) -> ElectionRound {
@@ -733,7 +816,13 @@ impl RaftNode {
         ElectionRound {
             granted: BTreeSet::from([me]),
             rejected: BTreeSet::new(),
-            retry_at_ms: self.config.voters.keys().filter(|id| **id != me).map(|id| (*id, self.now_ms)).collect(),
+            retry_at_ms: self
+                .config
+                .voters
+                .keys()
+                .filter(|id| **id != me)
+                .map(|id| (*id, self.now_ms))
+                .collect(),
             election_deadline_ms: self.now_ms + self.random_election_timeout(),
         }
     }
@@ -754,7 +843,13 @@ impl RaftNode {
             election_deadline_ms: self.now_ms + self.random_election_timeout(),
             preferred_successors,
             acked: BTreeSet::new(),
-            retry_at_ms: self.config.voters.keys().filter(|id| **id != me).map(|id| (*id, self.now_ms)).collect(),
+            retry_at_ms: self
+                .config
+                .voters
+                .keys()
+                .filter(|id| **id != me)
+                .map(|id| (*id, self.now_ms))
+                .collect(),
             campaign_at_once: false,
         }
     }
@@ -772,7 +867,12 @@ impl RaftNode {
     /// Called at the end of every input.
     fn poll(&mut self) {
         let now = self.now_ms;
-        let expired: Vec<u64> = self.inflight.iter().filter(|(_, s)| s.deadline_ms <= now).map(|(c, _)| *c).collect();
+        let expired: Vec<u64> = self
+            .inflight
+            .iter()
+            .filter(|(_, s)| s.deadline_ms <= now)
+            .map(|(c, _)| *c)
+            .collect();
         for correlation_id in expired {
             let sent = self.inflight.remove(&correlation_id).expect("listed");
             self.note_request_failed(sent);
@@ -1017,17 +1117,30 @@ impl RaftNode {
         }
         self.inflight.insert(
             correlation_id,
-            Inflight { to, kind, generation: self.generation, deadline_ms: self.now_ms + timeout },
+            Inflight {
+                to,
+                kind,
+                generation: self.generation,
+                deadline_ms: self.now_ms + timeout,
+            },
         );
-        self.actions.push(Action::Send { to, correlation_id, request });
+        self.actions.push(Action::Send {
+            to,
+            correlation_id,
+            request,
+        });
     }
 
     fn has_inflight(&self, kind: RequestKind) -> bool {
-        self.inflight.values().any(|s| s.kind == kind && s.generation == self.generation)
+        self.inflight
+            .values()
+            .any(|s| s.kind == kind && s.generation == self.generation)
     }
 
     fn has_inflight_to(&self, to: NodeId, kind: RequestKind) -> bool {
-        self.inflight.values().any(|s| s.to == to && s.kind == kind && s.generation == self.generation)
+        self.inflight
+            .values()
+            .any(|s| s.to == to && s.kind == kind && s.generation == self.generation)
     }
 
     fn note_request_failed(&mut self, sent: Inflight) {
@@ -1051,7 +1164,11 @@ impl RaftNode {
     }
 
     fn respond(&mut self, to: NodeId, request_id: u64, response: RaftResponse) {
-        self.actions.push(Action::Respond { to, request_id, response });
+        self.actions.push(Action::Respond {
+            to,
+            request_id,
+            response,
+        });
     }
 
     fn maybe_flush(&mut self) {
@@ -1117,7 +1234,10 @@ impl RaftNode {
         let fetch_timeout = self.config.fetch_timeout_ms;
         let leader_is_live = match &self.role {
             Role::Follower(f) => {
-                !f.leader_resigned && f.last_fetch_success_ms.map(|t| now < t + fetch_timeout).unwrap_or(false)
+                !f.leader_resigned
+                    && f.last_fetch_success_ms
+                        .map(|t| now < t + fetch_timeout)
+                        .unwrap_or(false)
             }
             _ => false,
         };
@@ -1156,7 +1276,12 @@ impl RaftNode {
             self.respond(from, request_id, response);
             return;
         }
-        let log_ok = is_log_up_to_date(req.last_epoch, req.last_epoch_end_offset, self.log.last_epoch(), self.log.end_offset());
+        let log_ok = is_log_up_to_date(
+            req.last_epoch,
+            req.last_epoch_end_offset,
+            self.log.last_epoch(),
+            self.log.end_offset(),
+        );
         if req.pre_vote {
             // A pre-vote changes nothing, not even our epoch.
             let granted = grant_pre_vote(self.voter_view(), log_ok);
@@ -1176,7 +1301,11 @@ impl RaftNode {
         let granted = grant_vote(self.voter_view(), req.candidate_id, log_ok);
         if granted {
             // Persist the vote, then switch, then reply.
-            let persist = ElectionState { epoch: self.election.epoch, voted_for: Some(req.candidate_id), leader_id: None };
+            let persist = ElectionState {
+                epoch: self.election.epoch,
+                voted_for: Some(req.candidate_id),
+                leader_id: None,
+            };
             let mut unattached = self.new_unattached();
             if let Role::Unattached(current) = &self.role {
                 // Granting the same vote again keeps the timer.
@@ -1256,7 +1385,11 @@ impl RaftNode {
                 Role::Follower(f) if f.leader_id == req.leader_id => ErrorCode::None,
                 Role::Leader(_) | Role::Resigned(_) | Role::Follower(_) => {
                     // Two leaders in one epoch would break election safety.
-                    tracing::error!(epoch = req.epoch, leader = req.leader_id, "BeginQuorumEpoch conflicts with the known leader");
+                    tracing::error!(
+                        epoch = req.epoch,
+                        leader = req.leader_id,
+                        "BeginQuorumEpoch conflicts with the known leader"
+                    );
                     ErrorCode::InvalidRequest
                 }
                 Role::Unattached(_) | Role::Prospective(_) | Role::Candidate(_) => {
@@ -1377,7 +1510,12 @@ impl RaftNode {
         let replica = req.replica_id;
         let reply_error = |node: &mut Self, error: ErrorCode| {
             let response = node.fetch_error(error);
-            node.actions.push(Action::RespondFetch { to: replica, request_id, response, read: None });
+            node.actions.push(Action::RespondFetch {
+                to: replica,
+                request_id,
+                response,
+                read: None,
+            });
         };
         if !matches!(self.role, Role::Leader(_)) {
             return reply_error(self, ErrorCode::NotLeaderOrFollower);
@@ -1398,13 +1536,23 @@ impl RaftNode {
                 end_offset: self.log.start_offset(),
                 epoch: self.log.epoch_before(self.log.start_offset()),
             });
-            self.actions.push(Action::RespondFetch { to: replica, request_id, response, read: None });
+            self.actions.push(Action::RespondFetch {
+                to: replica,
+                request_id,
+                response,
+                read: None,
+            });
             return;
         }
         if let Some(diverging) = self.validate_fetch_position(req.fetch_offset, req.last_fetched_epoch) {
             let mut response = self.fetch_error(ErrorCode::None);
             response.diverging_epoch = Some(diverging);
-            self.actions.push(Action::RespondFetch { to: replica, request_id, response, read: None });
+            self.actions.push(Action::RespondFetch {
+                to: replica,
+                request_id,
+                response,
+                read: None,
+            });
             return;
         }
         // A valid position: it is the replica's log end (durable for voters).
@@ -1412,7 +1560,9 @@ impl RaftNode {
         let end = self.log.end_offset();
         let check_quorum_ms = self.check_quorum_ms();
         let majority = self.config.majority();
-        let Role::Leader(leader) = &mut self.role else { unreachable!() };
+        let Role::Leader(leader) = &mut self.role else {
+            unreachable!()
+        };
         let is_voter = leader.record_fetch(replica, req.fetch_offset, end, now, check_quorum_ms, majority);
         let hw_before = self.high_watermark;
         if is_voter {
@@ -1445,8 +1595,14 @@ impl RaftNode {
         }
         match self.log.end_offset_for_epoch(last_fetched_epoch) {
             Some((epoch, end_offset)) if epoch == last_fetched_epoch && fetch_offset <= end_offset => None,
-            Some((epoch, end_offset)) => Some(DivergingEpoch { epoch, end_offset: end_offset.min(fetch_offset) }),
-            None => Some(DivergingEpoch { epoch: self.log.epoch_before(self.log.start_offset()), end_offset: self.log.start_offset() }),
+            Some((epoch, end_offset)) => Some(DivergingEpoch {
+                epoch,
+                end_offset: end_offset.min(fetch_offset),
+            }),
+            None => Some(DivergingEpoch {
+                epoch: self.log.epoch_before(self.log.start_offset()),
+                end_offset: self.log.start_offset(),
+            }),
         }
     }
 
@@ -1459,7 +1615,12 @@ impl RaftNode {
             until: end,
             max_bytes: (parked.max_bytes as usize).min(crate::messages::MAX_BATCH_BYTES),
         });
-        self.actions.push(Action::RespondFetch { to: parked.replica, request_id: parked.request_id, response, read });
+        self.actions.push(Action::RespondFetch {
+            to: parked.replica,
+            request_id: parked.request_id,
+            response,
+            read,
+        });
     }
 
     /// Completes parked fetches whose data arrived or whose wait ran out.
@@ -1469,8 +1630,9 @@ impl RaftNode {
         }
         let now = self.now_ms;
         let end = self.log.end_offset();
-        let (ready, waiting): (Vec<ParkedFetch>, Vec<ParkedFetch>) =
-            std::mem::take(&mut self.parked).into_iter().partition(|p| p.fetch_offset < end || now >= p.deadline_ms);
+        let (ready, waiting): (Vec<ParkedFetch>, Vec<ParkedFetch>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| p.fetch_offset < end || now >= p.deadline_ms);
         self.parked = waiting;
         for parked in ready {
             self.complete_parked(parked);
@@ -1538,7 +1700,12 @@ impl RaftNode {
             if target < self.high_watermark {
                 // Committed records are in every later leader's log; a leader
                 // asking us to drop them is broken. Refuse rather than lose them.
-                tracing::error!(target, hw = self.high_watermark, leader = from, "refusing to truncate below the high watermark");
+                tracing::error!(
+                    target,
+                    hw = self.high_watermark,
+                    leader = from,
+                    "refusing to truncate below the high watermark"
+                );
                 f.next_fetch_ms = retry;
                 return;
             }
@@ -1549,7 +1716,10 @@ impl RaftNode {
         }
         if resp.snapshot_id.is_some() {
             // FetchSnapshot arrives with the snapshot issue.
-            tracing::warn!(leader = from, "leader asks for a snapshot fetch, which this version cannot do yet");
+            tracing::warn!(
+                leader = from,
+                "leader asks for a snapshot fetch, which this version cannot do yet"
+            );
             f.next_fetch_ms = now + self.config.fetch_timeout_ms;
             return;
         }
@@ -1562,7 +1732,11 @@ impl RaftNode {
                 && batch.epoch >= last_epoch
                 && batch.epoch <= resp.epoch;
             if !valid {
-                tracing::error!(leader = from, offset = batch.base_offset, "invalid batch in fetch response; dropped");
+                tracing::error!(
+                    leader = from,
+                    offset = batch.base_offset,
+                    "invalid batch in fetch response; dropped"
+                );
                 f.next_fetch_ms = retry;
                 return;
             }
@@ -1599,7 +1773,10 @@ impl RaftNode {
         let due = if linger == 0 {
             self.flush_target.is_none()
         } else {
-            self.accumulator.linger_deadline_ms(linger).map(|t| self.now_ms >= t).unwrap_or(false)
+            self.accumulator
+                .linger_deadline_ms(linger)
+                .map(|t| self.now_ms >= t)
+                .unwrap_or(false)
         };
         if due || self.accumulator.bytes() >= self.config.max_batch_bytes {
             self.drain_accumulator();
@@ -1616,7 +1793,9 @@ impl RaftNode {
     fn append_as_leader(&mut self, records: Vec<Record>) {
         let epoch = self.election.epoch;
         let now = self.now_ms;
-        let Role::Leader(leader) = &mut self.role else { unreachable!("only a leader appends") };
+        let Role::Leader(leader) = &mut self.role else {
+            unreachable!("only a leader appends")
+        };
         leader.last_append_ms = now;
         let batch = Batch::new(self.log.end_offset(), epoch, &records);
         self.log.append(batch.base_offset, batch.next_offset(), epoch);

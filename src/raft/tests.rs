@@ -10,7 +10,10 @@ const T: u64 = 1000; // election timeout
 const FETCH_T: u64 = 2000;
 
 fn config(me: NodeId, voters: &[NodeId]) -> RaftConfig {
-    let voters: BTreeMap<NodeId, String> = voters.iter().map(|id| (*id, format!("127.0.0.1:{}", 9000 + id))).collect();
+    let voters: BTreeMap<NodeId, String> = voters
+        .iter()
+        .map(|id| (*id, format!("127.0.0.1:{}", 9000 + id)))
+        .collect();
     RaftConfig::new(me, voters, format!("127.0.0.1:{}", 9000 + me))
 }
 
@@ -26,7 +29,11 @@ fn sent(actions: &[Action]) -> Vec<(NodeId, u64, RaftRequest)> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::Send { to, correlation_id, request } => Some((*to, *correlation_id, request.clone())),
+            Action::Send {
+                to,
+                correlation_id,
+                request,
+            } => Some((*to, *correlation_id, request.clone())),
             _ => None,
         })
         .collect()
@@ -58,7 +65,13 @@ fn position(actions: &[Action], pred: impl Fn(&Action) -> bool) -> usize {
 }
 
 fn vote_req(epoch: Epoch, candidate: NodeId, last_epoch: Epoch, end: Offset, pre_vote: bool) -> RaftRequest {
-    RaftRequest::Vote(VoteRequest { epoch, candidate_id: candidate, last_epoch, last_epoch_end_offset: end, pre_vote })
+    RaftRequest::Vote(VoteRequest {
+        epoch,
+        candidate_id: candidate,
+        last_epoch,
+        last_epoch_end_offset: end,
+        pre_vote,
+    })
 }
 
 fn granted(actions: &[Action]) -> bool {
@@ -88,12 +101,34 @@ fn elect_leader() -> (RaftNode, u64) {
     let pre_votes = sent(&node.take_actions());
     assert_eq!(node.role().role, RoleKind::Prospective);
     let (to, corr, _) = pre_votes[0].clone();
-    node.handle_response(now, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 0, leader_id: None, vote_granted: true, pre_vote: true }));
+    node.handle_response(
+        now,
+        to,
+        corr,
+        RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: 0,
+            leader_id: None,
+            vote_granted: true,
+            pre_vote: true,
+        }),
+    );
     let votes = sent(&node.take_actions());
     assert_eq!(node.role().role, RoleKind::Candidate);
     now += 1;
     let (to, corr, _) = votes[0].clone();
-    node.handle_response(now, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 1, leader_id: None, vote_granted: true, pre_vote: false }));
+    node.handle_response(
+        now,
+        to,
+        corr,
+        RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: 1,
+            leader_id: None,
+            vote_granted: true,
+            pre_vote: false,
+        }),
+    );
     assert_eq!(node.role().role, RoleKind::Leader);
     (node, now)
 }
@@ -107,13 +142,40 @@ fn single_voter_elects_itself_on_start() {
     assert_eq!(node.role().role, RoleKind::Leader);
     assert_eq!(node.role().epoch, 1);
     let states = persisted(&actions);
-    assert_eq!(states[0], ElectionState { epoch: 1, voted_for: Some(1), leader_id: None });
-    assert_eq!(states[1], ElectionState { epoch: 1, voted_for: Some(1), leader_id: Some(1) });
+    assert_eq!(
+        states[0],
+        ElectionState {
+            epoch: 1,
+            voted_for: Some(1),
+            leader_id: None
+        }
+    );
+    assert_eq!(
+        states[1],
+        ElectionState {
+            epoch: 1,
+            voted_for: Some(1),
+            leader_id: Some(1)
+        }
+    );
     let append = position(&actions, |a| matches!(a, Action::AppendBatch(_)));
-    let Action::AppendBatch(batch) = &actions[append] else { unreachable!() };
-    assert_eq!(batch.records().unwrap(), vec![Record::LeaderChange { leader_id: 1, voters: vec![1], granting_voters: vec![1] }]);
+    let Action::AppendBatch(batch) = &actions[append] else {
+        unreachable!()
+    };
+    assert_eq!(
+        batch.records().unwrap(),
+        vec![Record::LeaderChange {
+            leader_id: 1,
+            voters: vec![1],
+            granting_voters: vec![1]
+        }]
+    );
     assert!(actions[append..].contains(&Action::Flush));
-    assert_eq!(node.high_watermark(), 0, "nothing commits before the leader's own flush");
+    assert_eq!(
+        node.high_watermark(),
+        0,
+        "nothing commits before the leader's own flush"
+    );
     node.on_flushed(1, 1);
     assert_eq!(node.high_watermark(), 1);
     assert!(node.take_actions().contains(&Action::HighWatermark(1)));
@@ -121,28 +183,88 @@ fn single_voter_elects_itself_on_start() {
 
 #[test]
 fn restart_states_follow_the_persisted_election_state() {
-    let leader = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: Some(1) });
-    assert_eq!(leader.role().role, RoleKind::Resigned, "a former leader starts Resigned");
-    let candidate = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: None });
+    let leader = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 4,
+            voted_for: Some(1),
+            leader_id: Some(1),
+        },
+    );
+    assert_eq!(
+        leader.role().role,
+        RoleKind::Resigned,
+        "a former leader starts Resigned"
+    );
+    let candidate = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 4,
+            voted_for: Some(1),
+            leader_id: None,
+        },
+    );
     assert_eq!(candidate.role().role, RoleKind::Candidate);
     assert_eq!(candidate.role().epoch, 4, "a restarted candidate keeps its epoch");
-    let follower = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(2), leader_id: Some(3) });
-    assert_eq!((follower.role().role, follower.role().leader_id), (RoleKind::Follower, Some(3)));
-    let voted = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(2), leader_id: None });
-    assert_eq!((voted.role().role, voted.role().voted_for), (RoleKind::Unattached, Some(2)));
-    let observer = start(9, &[1, 2, 3], ElectionState { epoch: 4, voted_for: None, leader_id: Some(2) });
+    let follower = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 4,
+            voted_for: Some(2),
+            leader_id: Some(3),
+        },
+    );
+    assert_eq!(
+        (follower.role().role, follower.role().leader_id),
+        (RoleKind::Follower, Some(3))
+    );
+    let voted = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 4,
+            voted_for: Some(2),
+            leader_id: None,
+        },
+    );
+    assert_eq!(
+        (voted.role().role, voted.role().voted_for),
+        (RoleKind::Unattached, Some(2))
+    );
+    let observer = start(
+        9,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 4,
+            voted_for: None,
+            leader_id: Some(2),
+        },
+    );
     assert_eq!(observer.role().role, RoleKind::Follower);
     assert!(!observer.role().is_voter);
 }
 
 #[test]
 fn a_restarted_candidate_asks_again_in_the_same_epoch() {
-    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: None });
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 4,
+            voted_for: Some(1),
+            leader_id: None,
+        },
+    );
     let actions = node.take_actions();
     assert!(persisted(&actions).is_empty());
     let votes = sent(&actions);
     assert_eq!(votes.len(), 2);
-    assert!(votes.iter().all(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.epoch == 4 && !v.pre_vote)));
+    assert!(votes
+        .iter()
+        .all(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.epoch == 4 && !v.pre_vote)));
 }
 
 // ---------------------------------------------------------------- elections
@@ -152,7 +274,11 @@ fn unattached_times_out_into_prospective_without_bumping_the_epoch() {
     let mut node = start(1, &[1, 2, 3], ElectionState::default());
     node.take_actions();
     node.tick(T - 1);
-    assert_eq!(node.role().role, RoleKind::Unattached, "the election timeout is at least T");
+    assert_eq!(
+        node.role().role,
+        RoleKind::Unattached,
+        "the election timeout is at least T"
+    );
     node.tick(2 * T);
     let actions = node.take_actions();
     assert_eq!(node.role().role, RoleKind::Prospective);
@@ -161,7 +287,11 @@ fn unattached_times_out_into_prospective_without_bumping_the_epoch() {
     let requests = sent(&actions);
     assert_eq!(requests.len(), 2);
     for (_, _, r) in requests {
-        assert_eq!(r, vote_req(1, 1, 0, 0, true), "a pre-vote names the epoch it would campaign in");
+        assert_eq!(
+            r,
+            vote_req(1, 1, 0, 0, true),
+            "a pre-vote names the epoch it would campaign in"
+        );
     }
 }
 
@@ -171,40 +301,113 @@ fn prospective_becomes_candidate_on_a_majority_and_persists_before_asking() {
     node.tick(2 * T);
     let pre_votes = sent(&node.take_actions());
     let (to, corr, _) = pre_votes[0].clone();
-    node.handle_response(2 * T, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 0, leader_id: None, vote_granted: true, pre_vote: true }));
+    node.handle_response(
+        2 * T,
+        to,
+        corr,
+        RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: 0,
+            leader_id: None,
+            vote_granted: true,
+            pre_vote: true,
+        }),
+    );
     let actions = node.take_actions();
     assert_eq!(node.role().role, RoleKind::Candidate);
-    let persist = position(&actions, |a| matches!(a, Action::PersistElection(s) if s.epoch == 1 && s.voted_for == Some(1)));
+    let persist = position(
+        &actions,
+        |a| matches!(a, Action::PersistElection(s) if s.epoch == 1 && s.voted_for == Some(1)),
+    );
     let first_send = position(&actions, |a| matches!(a, Action::Send { .. }));
-    assert!(persist < first_send, "the candidate's own vote is durable before it asks for others");
+    assert!(
+        persist < first_send,
+        "the candidate's own vote is durable before it asks for others"
+    );
 }
 
 #[test]
 fn a_prospective_that_left_a_leader_ignores_peers_still_naming_it() {
     // Node 2 followed node 1 in epoch 5; its fetches stopped.
-    let mut node = start(2, &[1, 2, 3], ElectionState { epoch: 5, voted_for: None, leader_id: Some(1) });
+    let mut node = start(
+        2,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 5,
+            voted_for: None,
+            leader_id: Some(1),
+        },
+    );
     node.take_actions();
     node.tick(FETCH_T);
     assert_eq!(node.role().role, RoleKind::Prospective);
-    let pre_votes: Vec<_> = sent(&node.take_actions()).into_iter().filter(|(to, _, _)| *to == 3).collect();
+    let pre_votes: Vec<_> = sent(&node.take_actions())
+        .into_iter()
+        .filter(|(to, _, _)| *to == 3)
+        .collect();
     let (to, corr, _) = pre_votes[0].clone();
     // Node 3 has not noticed yet that node 1 is gone, but its fetch timed
     // out too, so it grants — naming node 1 as the leader it knows.
-    node.handle_response(FETCH_T + 1, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 5, leader_id: Some(1), vote_granted: true, pre_vote: true }));
-    assert_eq!((node.role().role, node.role().epoch), (RoleKind::Candidate, 6), "the grant counts; the stale leader is not followed");
+    node.handle_response(
+        FETCH_T + 1,
+        to,
+        corr,
+        RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: 5,
+            leader_id: Some(1),
+            vote_granted: true,
+            pre_vote: true,
+        }),
+    );
+    assert_eq!(
+        (node.role().role, node.role().epoch),
+        (RoleKind::Candidate, 6),
+        "the grant counts; the stale leader is not followed"
+    );
 }
 
 #[test]
 fn a_prospective_refused_by_a_majority_goes_back_to_its_leader() {
-    let mut node = start(2, &[1, 2, 3], ElectionState { epoch: 5, voted_for: None, leader_id: Some(1) });
+    let mut node = start(
+        2,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 5,
+            voted_for: None,
+            leader_id: Some(1),
+        },
+    );
     node.take_actions();
     node.tick(FETCH_T);
     let pre_votes = sent(&node.take_actions());
-    for (to, corr, _) in pre_votes.into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::Vote(_))) {
-        node.handle_response(FETCH_T + 1, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 5, leader_id: Some(1), vote_granted: false, pre_vote: true }));
+    for (to, corr, _) in pre_votes
+        .into_iter()
+        .filter(|(_, _, r)| matches!(r, RaftRequest::Vote(_)))
+    {
+        node.handle_response(
+            FETCH_T + 1,
+            to,
+            corr,
+            RaftResponse::Vote(VoteResponse {
+                error: ErrorCode::None,
+                epoch: 5,
+                leader_id: Some(1),
+                vote_granted: false,
+                pre_vote: true,
+            }),
+        );
     }
-    assert_eq!((node.role().role, node.role().leader_id, node.role().epoch), (RoleKind::Follower, Some(1), 5));
-    assert!(sent(&node.take_actions()).iter().any(|(to, _, r)| *to == 1 && matches!(r, RaftRequest::Fetch(_))), "fetches again");
+    assert_eq!(
+        (node.role().role, node.role().leader_id, node.role().epoch),
+        (RoleKind::Follower, Some(1), 5)
+    );
+    assert!(
+        sent(&node.take_actions())
+            .iter()
+            .any(|(to, _, r)| *to == 1 && matches!(r, RaftRequest::Fetch(_))),
+        "fetches again"
+    );
 }
 
 #[test]
@@ -221,29 +424,53 @@ fn prospective_returns_to_unattached_when_the_election_times_out() {
 fn candidate_becomes_leader_and_writes_leader_change_first() {
     let (mut node, _) = elect_leader();
     let actions = node.take_actions();
-    let persist = position(&actions, |a| matches!(a, Action::PersistElection(s) if s.leader_id == Some(1)));
+    let persist = position(
+        &actions,
+        |a| matches!(a, Action::PersistElection(s) if s.leader_id == Some(1)),
+    );
     let append = position(&actions, |a| matches!(a, Action::AppendBatch(_)));
     assert!(persist < append);
-    let Action::AppendBatch(batch) = &actions[append] else { unreachable!() };
+    let Action::AppendBatch(batch) = &actions[append] else {
+        unreachable!()
+    };
     assert_eq!((batch.base_offset, batch.epoch), (0, 1));
     match &batch.records().unwrap()[0] {
-        Record::LeaderChange { leader_id, voters, granting_voters } => {
+        Record::LeaderChange {
+            leader_id,
+            voters,
+            granting_voters,
+        } => {
             assert_eq!(*leader_id, 1);
             assert_eq!(voters, &vec![1, 2, 3]);
             assert_eq!(granting_voters.len(), 2);
         }
         other => panic!("first record of the epoch is {other:?}"),
     }
-    let begin: Vec<_> = sent(&actions).into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::BeginQuorumEpoch(_))).collect();
+    let begin: Vec<_> = sent(&actions)
+        .into_iter()
+        .filter(|(_, _, r)| matches!(r, RaftRequest::BeginQuorumEpoch(_)))
+        .collect();
     assert_eq!(begin.len(), 2, "BeginQuorumEpoch goes to both other voters");
 }
 
 #[test]
 fn a_candidate_that_lost_backs_off_then_campaigns_again_through_a_pre_vote() {
-    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: None });
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 4,
+            voted_for: Some(1),
+            leader_id: None,
+        },
+    );
     node.take_actions();
     node.tick(2 * T + 1);
-    assert_eq!((node.role().role, node.role().epoch), (RoleKind::Candidate, 4), "backing off, same epoch");
+    assert_eq!(
+        (node.role().role, node.role().epoch),
+        (RoleKind::Candidate, 4),
+        "backing off, same epoch"
+    );
     node.tick(2 * T + 1 + 1000 + 1);
     let actions = node.take_actions();
     // No new epoch until a majority says our log could win: a candidate
@@ -251,18 +478,50 @@ fn a_candidate_that_lost_backs_off_then_campaigns_again_through_a_pre_vote() {
     assert_eq!((node.role().role, node.role().epoch), (RoleKind::Prospective, 4));
     assert!(persisted(&actions).is_empty());
     let pre_votes = sent(&actions);
-    assert!(pre_votes.iter().all(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.pre_vote && v.epoch == 5)));
+    assert!(pre_votes
+        .iter()
+        .all(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.pre_vote && v.epoch == 5)));
     let (to, corr, _) = pre_votes[0].clone();
-    node.handle_response(3001, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 4, leader_id: None, vote_granted: true, pre_vote: true }));
+    node.handle_response(
+        3001,
+        to,
+        corr,
+        RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: 4,
+            leader_id: None,
+            vote_granted: true,
+            pre_vote: true,
+        }),
+    );
     assert_eq!((node.role().role, node.role().epoch), (RoleKind::Candidate, 5));
 }
 
 #[test]
 fn candidate_rejected_by_a_majority_backs_off_at_once() {
-    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 4, voted_for: Some(1), leader_id: None });
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 4,
+            voted_for: Some(1),
+            leader_id: None,
+        },
+    );
     let votes = sent(&node.take_actions());
     for (to, corr, _) in votes {
-        node.handle_response(10, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 4, leader_id: None, vote_granted: false, pre_vote: false }));
+        node.handle_response(
+            10,
+            to,
+            corr,
+            RaftResponse::Vote(VoteResponse {
+                error: ErrorCode::None,
+                epoch: 4,
+                leader_id: None,
+                vote_granted: false,
+                pre_vote: false,
+            }),
+        );
     }
     node.take_actions();
     // Backoff is at most election_backoff_max_ms, far less than 2T.
@@ -287,7 +546,10 @@ fn a_vote_is_persisted_before_it_is_answered() {
     node.take_actions();
     node.handle_request(5, 2, 77, vote_req(1, 2, 0, 0, false));
     let actions = node.take_actions();
-    let persist = position(&actions, |a| matches!(a, Action::PersistElection(s) if s.voted_for == Some(2) && s.epoch == 1));
+    let persist = position(
+        &actions,
+        |a| matches!(a, Action::PersistElection(s) if s.voted_for == Some(2) && s.epoch == 1),
+    );
     let reply = position(&actions, |a| matches!(a, Action::Respond { request_id: 77, .. }));
     assert!(persist < reply);
     assert!(granted(&actions));
@@ -305,25 +567,56 @@ fn one_vote_per_epoch() {
     node.handle_request(8, 3, 4, vote_req(2, 3, 0, 0, false));
     let actions = node.take_actions();
     assert!(granted(&actions), "a higher epoch is a new election");
-    assert_eq!(node.election_state(), &ElectionState { epoch: 2, voted_for: Some(3), leader_id: None });
+    assert_eq!(
+        node.election_state(),
+        &ElectionState {
+            epoch: 2,
+            voted_for: Some(3),
+            leader_id: None
+        }
+    );
 }
 
 #[test]
 fn votes_compare_logs_lexicographically() {
     // Our log: epoch 1 at [0,2), epoch 3 at [2,5).
     let log = log_of(&[(1, 0), (3, 2)], 5);
-    let mut node = RaftNode::new(config(1, &[1, 2, 3]), ElectionState { epoch: 3, voted_for: None, leader_id: None }, log, 0, 1);
+    let mut node = RaftNode::new(
+        config(1, &[1, 2, 3]),
+        ElectionState {
+            epoch: 3,
+            voted_for: None,
+            leader_id: None,
+        },
+        log,
+        0,
+        1,
+    );
     node.handle_request(1, 2, 1, vote_req(4, 2, 2, 100, false));
-    assert!(!granted(&node.take_actions()), "an older last epoch loses however long its log");
+    assert!(
+        !granted(&node.take_actions()),
+        "an older last epoch loses however long its log"
+    );
     node.handle_request(1, 2, 2, vote_req(5, 2, 3, 4, false));
     assert!(!granted(&node.take_actions()), "same last epoch, shorter log");
     node.handle_request(1, 3, 3, vote_req(6, 3, 4, 1, false));
-    assert!(granted(&node.take_actions()), "a newer last epoch wins however short its log");
+    assert!(
+        granted(&node.take_actions()),
+        "a newer last epoch wins however short its log"
+    );
 }
 
 #[test]
 fn a_stale_epoch_vote_is_refused_without_state_change() {
-    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 5, voted_for: None, leader_id: None });
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 5,
+            voted_for: None,
+            leader_id: None,
+        },
+    );
     node.take_actions();
     node.handle_request(1, 2, 1, vote_req(4, 2, 0, 0, false));
     let actions = node.take_actions();
@@ -334,21 +627,48 @@ fn a_stale_epoch_vote_is_refused_without_state_change() {
 
 #[test]
 fn a_follower_refuses_votes_in_its_leaders_epoch() {
-    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 5, voted_for: None, leader_id: Some(2) });
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 5,
+            voted_for: None,
+            leader_id: Some(2),
+        },
+    );
     node.handle_request(1, 3, 1, vote_req(5, 3, 9, 9, false));
     assert!(!granted(&node.take_actions()));
 }
 
 #[test]
 fn pre_vote_changes_nothing_and_respects_a_live_leader() {
-    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 5, voted_for: None, leader_id: Some(2) });
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 5,
+            voted_for: None,
+            leader_id: Some(2),
+        },
+    );
     let fetch = sent(&node.take_actions());
     let (to, corr, _) = fetch[0].clone();
     // A successful fetch from the leader: it is live.
-    node.handle_response(10, to, corr, RaftResponse::Fetch(FetchResponse {
-        error: ErrorCode::None, epoch: 5, leader_id: Some(2), high_watermark: 0, log_start_offset: 0,
-        diverging_epoch: None, snapshot_id: None, batches: vec![],
-    }));
+    node.handle_response(
+        10,
+        to,
+        corr,
+        RaftResponse::Fetch(FetchResponse {
+            error: ErrorCode::None,
+            epoch: 5,
+            leader_id: Some(2),
+            high_watermark: 0,
+            log_start_offset: 0,
+            diverging_epoch: None,
+            snapshot_id: None,
+            batches: vec![],
+        }),
+    );
     node.take_actions();
     node.handle_request(20, 3, 1, vote_req(6, 3, 9, 9, true));
     let actions = node.take_actions();
@@ -356,7 +676,15 @@ fn pre_vote_changes_nothing_and_respects_a_live_leader() {
     assert!(persisted(&actions).is_empty());
     assert_eq!(node.role().epoch, 5, "a pre-vote never bumps the epoch");
     // After the fetch timeout the leader is presumed gone.
-    let mut unattached = start(1, &[1, 2, 3], ElectionState { epoch: 5, voted_for: Some(2), leader_id: None });
+    let mut unattached = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 5,
+            voted_for: Some(2),
+            leader_id: None,
+        },
+    );
     unattached.take_actions();
     unattached.handle_request(20, 3, 1, vote_req(6, 3, 9, 9, true));
     let actions = unattached.take_actions();
@@ -382,9 +710,24 @@ fn a_non_voter_candidate_is_refused() {
 fn a_higher_epoch_in_any_response_moves_us_into_it() {
     let (mut node, now) = elect_leader();
     let actions = node.take_actions();
-    let (to, corr, _) = sent(&actions).into_iter().find(|(_, _, r)| matches!(r, RaftRequest::BeginQuorumEpoch(_))).unwrap();
-    node.handle_response(now, to, corr, RaftResponse::BeginQuorumEpoch(QuorumEpochResponse { error: ErrorCode::FencedLeaderEpoch, epoch: 7, leader_id: Some(3) }));
-    assert_eq!((node.role().role, node.role().epoch, node.role().leader_id), (RoleKind::Follower, 7, Some(3)));
+    let (to, corr, _) = sent(&actions)
+        .into_iter()
+        .find(|(_, _, r)| matches!(r, RaftRequest::BeginQuorumEpoch(_)))
+        .unwrap();
+    node.handle_response(
+        now,
+        to,
+        corr,
+        RaftResponse::BeginQuorumEpoch(QuorumEpochResponse {
+            error: ErrorCode::FencedLeaderEpoch,
+            epoch: 7,
+            leader_id: Some(3),
+        }),
+    );
+    assert_eq!(
+        (node.role().role, node.role().epoch, node.role().leader_id),
+        (RoleKind::Follower, 7, Some(3))
+    );
     assert_eq!(persisted(&node.take_actions()).last().unwrap().epoch, 7);
 }
 
@@ -392,12 +735,46 @@ fn a_higher_epoch_in_any_response_moves_us_into_it() {
 
 #[test]
 fn begin_quorum_epoch_makes_a_follower() {
-    let mut node = start(1, &[1, 2, 3], ElectionState { epoch: 2, voted_for: Some(3), leader_id: None });
-    node.handle_request(1, 3, 1, RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest { epoch: 2, leader_id: 3, leader_endpoint: "x".into() }));
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 2,
+            voted_for: Some(3),
+            leader_id: None,
+        },
+    );
+    node.handle_request(
+        1,
+        3,
+        1,
+        RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
+            epoch: 2,
+            leader_id: 3,
+            leader_endpoint: "x".into(),
+        }),
+    );
     let actions = node.take_actions();
     assert_eq!((node.role().role, node.role().leader_id), (RoleKind::Follower, Some(3)));
-    assert_eq!(persisted(&actions), vec![ElectionState { epoch: 2, voted_for: Some(3), leader_id: Some(3) }], "the vote is kept");
-    node.handle_request(2, 2, 2, RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest { epoch: 1, leader_id: 2, leader_endpoint: "x".into() }));
+    assert_eq!(
+        persisted(&actions),
+        vec![ElectionState {
+            epoch: 2,
+            voted_for: Some(3),
+            leader_id: Some(3)
+        }],
+        "the vote is kept"
+    );
+    node.handle_request(
+        2,
+        2,
+        2,
+        RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
+            epoch: 1,
+            leader_id: 2,
+            leader_endpoint: "x".into(),
+        }),
+    );
     match responses(&node.take_actions()).last() {
         Some(RaftResponse::BeginQuorumEpoch(r)) => assert_eq!((r.error, r.epoch), (ErrorCode::FencedLeaderEpoch, 2)),
         other => panic!("{other:?}"),
@@ -439,22 +816,63 @@ fn graceful_resignation_names_successors_by_replicated_offset() {
         .collect();
     assert_eq!(ends.len(), 2);
     assert!(ends.iter().all(|(_, s)| s == &vec![3, 2]), "{ends:?}");
-    assert!(matches!(node.propose(now + 2, vec![Record::NoOp]), Err(ProposeError::NotLeader { .. })));
+    assert!(matches!(
+        node.propose(now + 2, vec![Record::NoOp]),
+        Err(ProposeError::NotLeader { .. })
+    ));
 }
 
 #[test]
 fn end_quorum_epoch_makes_the_first_successor_campaign_at_once() {
-    let mut node = start(3, &[1, 2, 3], ElectionState { epoch: 2, voted_for: None, leader_id: Some(1) });
+    let mut node = start(
+        3,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 2,
+            voted_for: None,
+            leader_id: Some(1),
+        },
+    );
     node.take_actions();
-    node.handle_request(100, 1, 1, RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest { epoch: 2, leader_id: 1, preferred_successors: vec![3, 2] }));
+    node.handle_request(
+        100,
+        1,
+        1,
+        RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
+            epoch: 2,
+            leader_id: 1,
+            preferred_successors: vec![3, 2],
+        }),
+    );
     node.tick(100);
     assert_eq!(node.role().role, RoleKind::Prospective, "rank 0 waits no time");
-    let mut second = start(2, &[1, 2, 3], ElectionState { epoch: 2, voted_for: None, leader_id: Some(1) });
-    second.handle_request(100, 1, 1, RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest { epoch: 2, leader_id: 1, preferred_successors: vec![3, 2] }));
+    let mut second = start(
+        2,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 2,
+            voted_for: None,
+            leader_id: Some(1),
+        },
+    );
+    second.handle_request(
+        100,
+        1,
+        1,
+        RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
+            epoch: 2,
+            leader_id: 1,
+            preferred_successors: vec![3, 2],
+        }),
+    );
     second.tick(150);
     assert_eq!(second.role().role, RoleKind::Follower);
     second.tick(201);
-    assert_eq!(second.role().role, RoleKind::Prospective, "rank 1 waits the base backoff");
+    assert_eq!(
+        second.role().role,
+        RoleKind::Prospective,
+        "rank 1 waits the base backoff"
+    );
 }
 
 // ---------------------------------------------------------------- leader: fetch and HW
@@ -469,7 +887,12 @@ fn high_watermark_needs_a_majority_past_the_epoch_start() {
     node.on_flushed(now, 1);
     assert_eq!(node.high_watermark(), 0, "the leader alone is no majority");
     let actions = node.take_actions();
-    assert!(actions.iter().any(|a| matches!(a, Action::AppendBatch(b) if b.base_offset == 1)), "{actions:?}");
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::AppendBatch(b) if b.base_offset == 1)),
+        "{actions:?}"
+    );
     node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 0));
     assert_eq!(node.high_watermark(), 1, "leader (flushed to 1) + follower at 1");
     node.handle_request(now, 2, 2, fetch_req(2, 1, 2, 1, 0));
@@ -482,20 +905,62 @@ fn high_watermark_needs_a_majority_past_the_epoch_start() {
 fn leader_does_not_commit_an_old_epoch_until_its_own_record_commits() {
     // Log from epoch 1: [0, 5). Elected in epoch 2 → LeaderChange at 5.
     let log = log_of(&[(1, 0)], 5);
-    let mut node = RaftNode::new(config(1, &[1, 2, 3]), ElectionState { epoch: 1, voted_for: Some(1), leader_id: None }, log, 0, 1);
+    let mut node = RaftNode::new(
+        config(1, &[1, 2, 3]),
+        ElectionState {
+            epoch: 1,
+            voted_for: Some(1),
+            leader_id: None,
+        },
+        log,
+        0,
+        1,
+    );
     node.tick(2 * T + 1);
     let backoff_done = 2 * T + 1 + 1001;
     node.tick(backoff_done);
-    let pre_votes: Vec<_> = sent(&node.take_actions()).into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.pre_vote)).collect();
+    let pre_votes: Vec<_> = sent(&node.take_actions())
+        .into_iter()
+        .filter(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.pre_vote))
+        .collect();
     let (to, corr, _) = pre_votes[0].clone();
-    node.handle_response(backoff_done, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 1, leader_id: None, vote_granted: true, pre_vote: true }));
-    let votes: Vec<_> = sent(&node.take_actions()).into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.epoch == 2 && !v.pre_vote)).collect();
+    node.handle_response(
+        backoff_done,
+        to,
+        corr,
+        RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: 1,
+            leader_id: None,
+            vote_granted: true,
+            pre_vote: true,
+        }),
+    );
+    let votes: Vec<_> = sent(&node.take_actions())
+        .into_iter()
+        .filter(|(_, _, r)| matches!(r, RaftRequest::Vote(v) if v.epoch == 2 && !v.pre_vote))
+        .collect();
     let (to, corr, _) = votes[0].clone();
-    node.handle_response(backoff_done, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 2, leader_id: None, vote_granted: true, pre_vote: false }));
+    node.handle_response(
+        backoff_done,
+        to,
+        corr,
+        RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: 2,
+            leader_id: None,
+            vote_granted: true,
+            pre_vote: false,
+        }),
+    );
     assert_eq!(node.role().role, RoleKind::Leader);
     node.on_flushed(backoff_done, 6);
     node.handle_request(backoff_done, 2, 1, fetch_req(2, 2, 5, 1, 0));
-    assert_eq!(node.high_watermark(), 0, "offset 5 is the epoch start: nothing commits yet");
+    assert_eq!(
+        node.high_watermark(),
+        0,
+        "offset 5 is the epoch start: nothing commits yet"
+    );
     node.handle_request(backoff_done, 2, 2, fetch_req(2, 2, 6, 2, 0));
     assert_eq!(node.high_watermark(), 6);
 }
@@ -504,28 +969,70 @@ fn leader_does_not_commit_an_old_epoch_until_its_own_record_commits() {
 fn a_diverging_fetch_is_told_where_to_truncate() {
     // Leader log: epoch 1 [0,3), epoch 3 [3,6); leader of epoch 4.
     let log = log_of(&[(1, 0), (3, 3)], 6);
-    let mut node = RaftNode::new(config(1, &[1, 2, 3]), ElectionState { epoch: 4, voted_for: Some(1), leader_id: None }, log, 0, 1);
+    let mut node = RaftNode::new(
+        config(1, &[1, 2, 3]),
+        ElectionState {
+            epoch: 4,
+            voted_for: Some(1),
+            leader_id: None,
+        },
+        log,
+        0,
+        1,
+    );
     let votes = sent(&node.take_actions());
     let (to, corr, _) = votes[0].clone();
-    node.handle_response(1, to, corr, RaftResponse::Vote(VoteResponse { error: ErrorCode::None, epoch: 4, leader_id: None, vote_granted: true, pre_vote: false }));
+    node.handle_response(
+        1,
+        to,
+        corr,
+        RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: 4,
+            leader_id: None,
+            vote_granted: true,
+            pre_vote: false,
+        }),
+    );
     assert_eq!(node.role().role, RoleKind::Leader);
     node.take_actions();
     // Follower has epoch 2 entries up to 5, which we never had.
     node.handle_request(2, 2, 1, fetch_req(2, 4, 5, 2, 0));
     match responses(&node.take_actions()).last() {
-        Some(RaftResponse::Fetch(f)) => assert_eq!(f.diverging_epoch, Some(DivergingEpoch { epoch: 1, end_offset: 3 })),
+        Some(RaftResponse::Fetch(f)) => assert_eq!(
+            f.diverging_epoch,
+            Some(DivergingEpoch {
+                epoch: 1,
+                end_offset: 3
+            })
+        ),
         other => panic!("{other:?}"),
     }
     // Same epoch but past where it ends in our log.
     node.handle_request(2, 2, 2, fetch_req(2, 4, 4, 1, 0));
     match responses(&node.take_actions()).last() {
-        Some(RaftResponse::Fetch(f)) => assert_eq!(f.diverging_epoch, Some(DivergingEpoch { epoch: 1, end_offset: 3 })),
+        Some(RaftResponse::Fetch(f)) => assert_eq!(
+            f.diverging_epoch,
+            Some(DivergingEpoch {
+                epoch: 1,
+                end_offset: 3
+            })
+        ),
         other => panic!("{other:?}"),
     }
     // A true prefix reads data.
     node.handle_request(2, 2, 3, fetch_req(2, 4, 3, 1, 0));
     let actions = node.take_actions();
-    assert!(actions.iter().any(|a| matches!(a, Action::RespondFetch { read: Some(ReadRange { from: 3, until: 7, .. }), .. })), "{actions:?}");
+    assert!(
+        actions.iter().any(|a| matches!(
+            a,
+            Action::RespondFetch {
+                read: Some(ReadRange { from: 3, until: 7, .. }),
+                ..
+            }
+        )),
+        "{actions:?}"
+    );
 }
 
 #[test]
@@ -541,7 +1048,10 @@ fn fetches_with_a_wrong_epoch_are_refused() {
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(errors, vec![ErrorCode::FencedLeaderEpoch, ErrorCode::UnknownLeaderEpoch]);
+    assert_eq!(
+        errors,
+        vec![ErrorCode::FencedLeaderEpoch, ErrorCode::UnknownLeaderEpoch]
+    );
 }
 
 #[test]
@@ -551,14 +1061,28 @@ fn a_caught_up_fetch_parks_until_data_or_timeout() {
     node.on_flushed(now, 1);
     node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
     let actions = node.take_actions();
-    assert_eq!(responses(&actions).len(), 1, "this fetch moved the HW: answered at once");
+    assert_eq!(
+        responses(&actions).len(),
+        1,
+        "this fetch moved the HW: answered at once"
+    );
     assert!(actions.contains(&Action::HighWatermark(1)));
     node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
     let actions = node.take_actions();
     assert!(responses(&actions).is_empty(), "parked: {actions:?}");
     node.propose(now + 10, vec![Record::Data(b"x".to_vec())]).unwrap();
     let actions = node.take_actions();
-    assert!(actions.iter().any(|a| matches!(a, Action::RespondFetch { request_id: 1, read: Some(ReadRange { from: 1, until: 2, .. }), .. })), "woken by the append: {actions:?}");
+    assert!(
+        actions.iter().any(|a| matches!(
+            a,
+            Action::RespondFetch {
+                request_id: 1,
+                read: Some(ReadRange { from: 1, until: 2, .. }),
+                ..
+            }
+        )),
+        "woken by the append: {actions:?}"
+    );
     node.handle_request(now + 20, 3, 2, fetch_req(3, 1, 2, 1, 500));
     assert!(responses(&node.take_actions()).is_empty());
     node.tick(now + 420);
@@ -566,13 +1090,33 @@ fn a_caught_up_fetch_parks_until_data_or_timeout() {
     // The idle leader's NoOp (500 ms after the last append) wakes it.
     node.tick(now + 510);
     let actions = node.take_actions();
-    assert!(actions.iter().any(|a| matches!(a, Action::RespondFetch { request_id: 2, read: Some(ReadRange { from: 2, until: 3, .. }), .. })), "{actions:?}");
+    assert!(
+        actions.iter().any(|a| matches!(
+            a,
+            Action::RespondFetch {
+                request_id: 2,
+                read: Some(ReadRange { from: 2, until: 3, .. }),
+                ..
+            }
+        )),
+        "{actions:?}"
+    );
     node.handle_request(now + 600, 3, 3, fetch_req(3, 1, 3, 1, 100));
     node.tick(now + 699);
     assert!(responses(&node.take_actions()).is_empty());
     node.tick(now + 700);
     let actions = node.take_actions();
-    assert!(actions.iter().any(|a| matches!(a, Action::RespondFetch { request_id: 3, read: None, .. })), "answered empty at max_wait: {actions:?}");
+    assert!(
+        actions.iter().any(|a| matches!(
+            a,
+            Action::RespondFetch {
+                request_id: 3,
+                read: None,
+                ..
+            }
+        )),
+        "answered empty at max_wait: {actions:?}"
+    );
 }
 
 #[test]
@@ -583,7 +1127,10 @@ fn check_quorum_failure_resigns_the_leader() {
     assert_eq!(node.role().role, RoleKind::Leader);
     node.tick(now + FETCH_T * 3 / 2);
     assert_eq!(node.role().role, RoleKind::Resigned);
-    let ends = sent(&node.take_actions()).into_iter().filter(|(_, _, r)| matches!(r, RaftRequest::EndQuorumEpoch(_))).count();
+    let ends = sent(&node.take_actions())
+        .into_iter()
+        .filter(|(_, _, r)| matches!(r, RaftRequest::EndQuorumEpoch(_)))
+        .count();
     assert_eq!(ends, 2);
 }
 
@@ -634,12 +1181,19 @@ fn appends_during_a_flush_go_into_one_next_batch() {
     for i in 0..5u8 {
         node.propose(now, vec![Record::Data(vec![i])]).unwrap();
     }
-    assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))), "waits for the flush");
+    assert!(
+        !node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))),
+        "waits for the flush"
+    );
     node.on_flushed(now, 1);
-    let batches: Vec<Batch> = node.take_actions().into_iter().filter_map(|a| match a {
-        Action::AppendBatch(b) => Some(b),
-        _ => None,
-    }).collect();
+    let batches: Vec<Batch> = node
+        .take_actions()
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::AppendBatch(b) => Some(b),
+            _ => None,
+        })
+        .collect();
     assert_eq!(batches.len(), 1);
     assert_eq!((batches[0].base_offset, batches[0].record_count), (1, 5));
 }
@@ -676,11 +1230,18 @@ fn batches_are_capped_by_max_batch_bytes() {
     cfg.max_batch_bytes = 100;
     let mut node = RaftNode::new(cfg, ElectionState::default(), LogView::empty(), 0, 1);
     node.take_actions(); // flush of the LeaderChange in flight
-    assert!(matches!(node.propose(1, vec![Record::Data(vec![0; 200])]), Err(ProposeError::TooLarge { .. })));
+    assert!(matches!(
+        node.propose(1, vec![Record::Data(vec![0; 200])]),
+        Err(ProposeError::TooLarge { .. })
+    ));
     node.propose(1, vec![Record::Data(vec![0; 60])]).unwrap();
     let p = node.propose(1, vec![Record::Data(vec![0; 60])]).unwrap();
     assert_eq!(p.base_offset, 2);
-    let appended = node.take_actions().iter().filter(|a| matches!(a, Action::AppendBatch(_))).count();
+    let appended = node
+        .take_actions()
+        .iter()
+        .filter(|a| matches!(a, Action::AppendBatch(_)))
+        .count();
     assert_eq!(appended, 1, "the first batch was full and written without waiting");
     assert!(matches!(node.propose(1, vec![]), Err(ProposeError::Empty)));
 }
@@ -688,14 +1249,31 @@ fn batches_are_capped_by_max_batch_bytes() {
 // ---------------------------------------------------------------- follower
 
 fn follower_with_fetch() -> (RaftNode, u64) {
-    let mut node = start(2, &[1, 2, 3], ElectionState { epoch: 1, voted_for: Some(1), leader_id: Some(1) });
+    let mut node = start(
+        2,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 1,
+            voted_for: Some(1),
+            leader_id: Some(1),
+        },
+    );
     let fetch = sent(&node.take_actions());
     assert!(matches!(fetch[0].2, RaftRequest::Fetch(_)));
     (node, fetch[0].1)
 }
 
 fn data_response(epoch: Epoch, hw: Offset, batches: Vec<Batch>) -> RaftResponse {
-    RaftResponse::Fetch(FetchResponse { error: ErrorCode::None, epoch, leader_id: Some(1), high_watermark: hw, log_start_offset: 0, diverging_epoch: None, snapshot_id: None, batches })
+    RaftResponse::Fetch(FetchResponse {
+        error: ErrorCode::None,
+        epoch,
+        leader_id: Some(1),
+        high_watermark: hw,
+        log_start_offset: 0,
+        diverging_epoch: None,
+        snapshot_id: None,
+        batches,
+    })
 }
 
 #[test]
@@ -706,7 +1284,10 @@ fn a_voter_fetches_again_only_after_its_flush() {
     let actions = node.take_actions();
     assert!(actions.iter().any(|a| matches!(a, Action::AppendBatch(_))));
     assert!(actions.contains(&Action::Flush));
-    assert!(sent(&actions).is_empty(), "no fetch (= acknowledgement) before the flush");
+    assert!(
+        sent(&actions).is_empty(),
+        "no fetch (= acknowledgement) before the flush"
+    );
     assert_eq!(node.high_watermark(), 2, "HW adopted, capped by the log end");
     node.on_flushed(6, 2);
     let fetch = sent(&node.take_actions());
@@ -719,7 +1300,12 @@ fn a_voter_fetches_again_only_after_its_flush() {
 #[test]
 fn a_follower_caps_the_leaders_high_watermark_at_its_log_end() {
     let (mut node, corr) = follower_with_fetch();
-    node.handle_response(5, 1, corr, data_response(1, 10, vec![Batch::new(0, 1, &[Record::NoOp])]));
+    node.handle_response(
+        5,
+        1,
+        corr,
+        data_response(1, 10, vec![Batch::new(0, 1, &[Record::NoOp])]),
+    );
     assert_eq!(node.high_watermark(), 1);
 }
 
@@ -740,10 +1326,32 @@ fn a_damaged_or_misplaced_batch_is_not_written() {
 fn divergence_truncates_to_the_common_prefix() {
     // Follower: epoch 1 [0,3), epoch 2 [3,6). Leader says epoch 1 ends at 3.
     let log = log_of(&[(1, 0), (2, 3)], 6);
-    let mut node = RaftNode::new(config(2, &[1, 2, 3]), ElectionState { epoch: 3, voted_for: None, leader_id: Some(1) }, log, 0, 1);
+    let mut node = RaftNode::new(
+        config(2, &[1, 2, 3]),
+        ElectionState {
+            epoch: 3,
+            voted_for: None,
+            leader_id: Some(1),
+        },
+        log,
+        0,
+        1,
+    );
     let fetch = sent(&node.take_actions());
     let corr = fetch[0].1;
-    let mut resp = FetchResponse { error: ErrorCode::None, epoch: 3, leader_id: Some(1), high_watermark: 2, log_start_offset: 0, diverging_epoch: Some(DivergingEpoch { epoch: 1, end_offset: 3 }), snapshot_id: None, batches: vec![] };
+    let mut resp = FetchResponse {
+        error: ErrorCode::None,
+        epoch: 3,
+        leader_id: Some(1),
+        high_watermark: 2,
+        log_start_offset: 0,
+        diverging_epoch: Some(DivergingEpoch {
+            epoch: 1,
+            end_offset: 3,
+        }),
+        snapshot_id: None,
+        batches: vec![],
+    };
     node.handle_response(1, 1, corr, RaftResponse::Fetch(resp.clone()));
     let actions = node.take_actions();
     assert!(actions.contains(&Action::Truncate { end_offset: 3 }));
@@ -757,7 +1365,10 @@ fn divergence_truncates_to_the_common_prefix() {
     node.handle_response(2, 1, fetch[0].1, data_response(3, 3, vec![]));
     assert_eq!(node.high_watermark(), 3);
     let fetch = sent(&node.take_actions());
-    resp.diverging_epoch = Some(DivergingEpoch { epoch: 1, end_offset: 1 });
+    resp.diverging_epoch = Some(DivergingEpoch {
+        epoch: 1,
+        end_offset: 1,
+    });
     node.handle_response(101, 1, fetch[0].1, RaftResponse::Fetch(resp));
     assert!(!node.take_actions().iter().any(|a| matches!(a, Action::Truncate { .. })));
     assert_eq!(node.log().end_offset(), 3);
@@ -776,18 +1387,37 @@ fn a_follower_without_fetches_becomes_prospective() {
 #[test]
 fn proposals_to_a_follower_name_the_leader() {
     let (mut node, _) = follower_with_fetch();
-    assert_eq!(node.propose(1, vec![Record::NoOp]), Err(ProposeError::NotLeader { leader_id: Some(1), epoch: 1 }));
+    assert_eq!(
+        node.propose(1, vec![Record::NoOp]),
+        Err(ProposeError::NotLeader {
+            leader_id: Some(1),
+            epoch: 1
+        })
+    );
 }
 
 #[test]
 fn a_flush_does_not_cover_a_truncation_issued_after_it() {
     let (mut node, corr) = follower_with_fetch();
-    node.handle_response(5, 1, corr, data_response(1, 0, vec![Batch::new(0, 1, &[Record::NoOp, Record::NoOp, Record::NoOp])]));
+    node.handle_response(
+        5,
+        1,
+        corr,
+        data_response(
+            1,
+            0,
+            vec![Batch::new(0, 1, &[Record::NoOp, Record::NoOp, Record::NoOp])],
+        ),
+    );
     node.take_actions(); // Flush in flight for end 3
     node.truncate_log(1);
     node.log.append(1, 2, 2);
     node.on_flushed(6, 2);
-    assert_eq!(node.log().flushed_end(), 1, "offset 1 of epoch 2 was written after the flush began");
+    assert_eq!(
+        node.log().flushed_end(),
+        1,
+        "offset 1 of epoch 2 was written after the flush began"
+    );
 }
 
 // ---------------------------------------------------------------- observers
@@ -799,8 +1429,26 @@ fn an_observer_never_campaigns_and_finds_the_leader_by_fetching() {
     assert_eq!(fetch.len(), 1);
     let (to, corr, _) = fetch[0].clone();
     node.tick(10 * T);
-    assert_eq!(node.role().role, RoleKind::Unattached, "no election timeout for observers");
-    node.handle_response(10 * T, to, corr, RaftResponse::Fetch(FetchResponse { error: ErrorCode::NotLeaderOrFollower, epoch: 3, leader_id: Some(2), high_watermark: 0, log_start_offset: 0, diverging_epoch: None, snapshot_id: None, batches: vec![] }));
+    assert_eq!(
+        node.role().role,
+        RoleKind::Unattached,
+        "no election timeout for observers"
+    );
+    node.handle_response(
+        10 * T,
+        to,
+        corr,
+        RaftResponse::Fetch(FetchResponse {
+            error: ErrorCode::NotLeaderOrFollower,
+            epoch: 3,
+            leader_id: Some(2),
+            high_watermark: 0,
+            log_start_offset: 0,
+            diverging_epoch: None,
+            snapshot_id: None,
+            batches: vec![],
+        }),
+    );
     assert_eq!((node.role().role, node.role().leader_id), (RoleKind::Follower, Some(2)));
     node.handle_request(10 * T, 1, 1, vote_req(4, 1, 9, 9, false));
     assert!(!granted(&node.take_actions()), "observers do not vote");
@@ -828,7 +1476,11 @@ fn a_single_voter_that_resigns_stays_resigned_until_restart() {
     let mut node = start(1, &[1], ElectionState::default());
     assert_eq!(node.role().role, RoleKind::Leader);
     node.resign(5);
-    assert_eq!(node.role().role, RoleKind::Resigned, "shutting down must not re-elect itself");
+    assert_eq!(
+        node.role().role,
+        RoleKind::Resigned,
+        "shutting down must not re-elect itself"
+    );
     let restarted = start(1, &[1], node.election_state().clone());
     assert_eq!((restarted.role().role, restarted.role().epoch), (RoleKind::Leader, 2));
 }
@@ -843,7 +1495,11 @@ fn a_deposed_leader_never_names_itself_in_answers_to_parked_fetches() {
     node.handle_request(now + 1, 3, 3, vote_req(2, 3, 9, 9, false));
     let actions = node.take_actions();
     let answer = actions.iter().find_map(|a| match a {
-        Action::RespondFetch { request_id: 2, response, .. } => Some(response.clone()),
+        Action::RespondFetch {
+            request_id: 2,
+            response,
+            ..
+        } => Some(response.clone()),
         _ => None,
     });
     let answer = answer.expect("the parked fetch is answered");
@@ -858,14 +1514,40 @@ fn divergence_in_an_epoch_we_do_not_hold_cuts_only_above_our_older_epoch() {
     // epoch 3, and offset 4 lies inside our epoch-2 batch: cut only epoch 4,
     // never into records that may agree (and may be committed).
     let log = log_of(&[(1, 0), (2, 3), (4, 6)], 8);
-    let mut node = RaftNode::new(config(2, &[1, 2, 3]), ElectionState { epoch: 5, voted_for: None, leader_id: Some(1) }, log, 0, 1);
+    let mut node = RaftNode::new(
+        config(2, &[1, 2, 3]),
+        ElectionState {
+            epoch: 5,
+            voted_for: None,
+            leader_id: Some(1),
+        },
+        log,
+        0,
+        1,
+    );
     let corr = sent(&node.take_actions())[0].1;
-    let resp = FetchResponse { error: ErrorCode::None, epoch: 5, leader_id: Some(1), high_watermark: 0, log_start_offset: 0, diverging_epoch: Some(DivergingEpoch { epoch: 3, end_offset: 4 }), snapshot_id: None, batches: vec![] };
+    let resp = FetchResponse {
+        error: ErrorCode::None,
+        epoch: 5,
+        leader_id: Some(1),
+        high_watermark: 0,
+        log_start_offset: 0,
+        diverging_epoch: Some(DivergingEpoch {
+            epoch: 3,
+            end_offset: 4,
+        }),
+        snapshot_id: None,
+        batches: vec![],
+    };
     node.handle_response(1, 1, corr, RaftResponse::Fetch(resp));
     let actions = node.take_actions();
     assert!(actions.contains(&Action::Truncate { end_offset: 6 }), "{actions:?}");
     match &sent(&actions)[0].2 {
-        RaftRequest::Fetch(f) => assert_eq!((f.fetch_offset, f.last_fetched_epoch), (6, 2), "the next fetch names the older epoch"),
+        RaftRequest::Fetch(f) => assert_eq!(
+            (f.fetch_offset, f.last_fetched_epoch),
+            (6, 2),
+            "the next fetch names the older epoch"
+        ),
         other => panic!("{other:?}"),
     }
 }

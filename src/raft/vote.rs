@@ -53,7 +53,12 @@ pub fn grant_pre_vote(view: VoterView, log_up_to_date: bool) -> bool {
 mod tests {
     use super::*;
 
-    const FREE: VoterView = VoterView { voted_for: None, leader_id: None, leader_is_live: false, is_or_was_leader: false };
+    const FREE: VoterView = VoterView {
+        voted_for: None,
+        leader_id: None,
+        leader_is_live: false,
+        is_or_was_leader: false,
+    };
 
     #[test]
     fn log_comparison_is_lexicographic() {
@@ -69,27 +74,64 @@ mod tests {
     #[test]
     fn grants_once_per_epoch() {
         assert!(grant_vote(FREE, 2, true));
-        let voted = VoterView { voted_for: Some(2), ..FREE };
-        assert!(grant_vote(voted, 2, true), "a repeated request from the same candidate is granted again");
+        let voted = VoterView {
+            voted_for: Some(2),
+            ..FREE
+        };
+        assert!(
+            grant_vote(voted, 2, true),
+            "a repeated request from the same candidate is granted again"
+        );
         assert!(!grant_vote(voted, 3, true), "never a second candidate in one epoch");
     }
 
     #[test]
     fn refuses_a_stale_log_or_a_known_leader() {
         assert!(!grant_vote(FREE, 2, false));
-        assert!(!grant_vote(VoterView { leader_id: Some(1), ..FREE }, 2, true));
-        assert!(!grant_vote(VoterView { is_or_was_leader: true, ..FREE }, 2, true));
+        assert!(!grant_vote(
+            VoterView {
+                leader_id: Some(1),
+                ..FREE
+            },
+            2,
+            true
+        ));
+        assert!(!grant_vote(
+            VoterView {
+                is_or_was_leader: true,
+                ..FREE
+            },
+            2,
+            true
+        ));
     }
 
     #[test]
     fn pre_vote_refused_while_the_leader_is_live() {
         assert!(grant_pre_vote(FREE, true));
         assert!(!grant_pre_vote(FREE, false));
-        let following = VoterView { leader_id: Some(1), leader_is_live: true, ..FREE };
+        let following = VoterView {
+            leader_id: Some(1),
+            leader_is_live: true,
+            ..FREE
+        };
         assert!(!grant_pre_vote(following, true));
-        let lost_leader = VoterView { leader_id: Some(1), leader_is_live: false, ..FREE };
-        assert!(grant_pre_vote(lost_leader, true), "a follower that timed out grants pre-votes");
+        let lost_leader = VoterView {
+            leader_id: Some(1),
+            leader_is_live: false,
+            ..FREE
+        };
+        assert!(
+            grant_pre_vote(lost_leader, true),
+            "a follower that timed out grants pre-votes"
+        );
         // A pre-vote ignores an earlier vote: it changes no state.
-        assert!(grant_pre_vote(VoterView { voted_for: Some(3), ..FREE }, true));
+        assert!(grant_pre_vote(
+            VoterView {
+                voted_for: Some(3),
+                ..FREE
+            },
+            true
+        ));
     }
 }

@@ -11,8 +11,8 @@ pub mod sled_store;
 use crate::messages::Batch;
 use crate::raft::{ElectionState, Epoch, NodeId, Offset};
 
-// pub use memory::MemoryStore;
-// pub use sled_store::SledStore;
+pub use memory::MemoryStore;
+pub use sled_store::SledStore;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -23,7 +23,11 @@ pub enum StorageError {
     /// The data directory belongs to another cluster or node (like Kafka's
     /// meta.properties check). The node refuses to start.
     #[error("data directory {dir} belongs to {found}, but this node is configured as {expected}")]
-    IdentityMismatch { dir: String, found: String, expected: String },
+    IdentityMismatch {
+        dir: String,
+        found: String,
+        expected: String,
+    },
     /// A batch below the recoverable tail is damaged: never served, never
     /// silently dropped.
     #[error("corrupt log batch at offset {offset}: {reason}")]
@@ -77,3 +81,152 @@ pub struct Identity {
 }
 
 pub const FORMAT_VERSION: u32 = 1;
+
+/// Largest encoded batch a backend accepts, and the decode limit for a
+/// stored value: the 8 MiB batch cap with the same headroom
+/// [`Batch::records`] allows, plus the fixed header. A batch the store could
+/// not decode again is refused at `append` rather than written.
+pub const MAX_STORED_BATCH_BYTES: usize = 2 * crate::messages::MAX_BATCH_BYTES + 64;
+
+/// Checks every backend makes before it accepts a batch, so that both
+/// backends refuse exactly the same appends.
+///
+/// `end_offset` is the log end and `last_epoch` the epoch of the last batch
+/// (`None` for an empty log).
+pub(crate) fn check_append(end_offset: Offset, last_epoch: Option<Epoch>, batch: &Batch) -> Result<()> {
+    if batch.base_offset != end_offset {
+        return Err(StorageError::Invalid(format!(
+            "append of a batch at offset {} to a log that ends at {end_offset}",
+            batch.base_offset
+        )));
+    }
+    if !batch.verify() {
+        return Err(StorageError::Invalid(format!(
+            "append of a batch at offset {} whose CRC does not match its contents",
+            batch.base_offset
+        )));
+    }
+    if batch
+        .base_offset
+        .checked_add(Offset::from(batch.record_count))
+        .is_none()
+    {
+        return Err(StorageError::Invalid(format!(
+            "append of a batch at offset {} whose {} records run past the largest offset",
+            batch.base_offset, batch.record_count
+        )));
+    }
+    if let Some(last) = last_epoch {
+        if batch.epoch < last {
+            return Err(StorageError::Invalid(format!(
+                "append of a batch of epoch {} at offset {} after a batch of epoch {last}",
+                batch.epoch, batch.base_offset
+            )));
+        }
+    }
+    if batch.size_bytes() > MAX_STORED_BATCH_BYTES {
+        return Err(StorageError::Invalid(format!(
+            "append of a batch of {} bytes at offset {}, above the limit of {MAX_STORED_BATCH_BYTES}",
+            batch.size_bytes(),
+            batch.base_offset
+        )));
+    }
+    Ok(())
+}
+
+/// Checks every backend makes before it persists an election state: the
+/// invariants documented on [`ElectionState`]. A violation is a protocol bug,
+/// refused before it reaches the disk.
+pub(crate) fn check_election_transition(current: &ElectionState, next: &ElectionState) -> Result<()> {
+    if next.epoch < current.epoch {
+        return Err(StorageError::Invalid(format!(
+            "election state epoch would go back from {} to {}",
+            current.epoch, next.epoch
+        )));
+    }
+    if next.epoch == current.epoch {
+        if let (Some(old), Some(new)) = (current.voted_for, next.voted_for) {
+            if old != new {
+                return Err(StorageError::Invalid(format!(
+                    "vote in epoch {} would change from node {old} to node {new}",
+                    next.epoch
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The epoch cache both backends keep: (epoch, first offset of that epoch),
+/// one entry per epoch with a batch in the log.
+///
+/// Invariant: strictly ascending in both epoch and offset.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EpochCache {
+    entries: Vec<(Epoch, Offset)>,
+}
+
+impl EpochCache {
+    /// The epoch of the last batch, `None` for an empty log.
+    pub(crate) fn last_epoch(&self) -> Option<Epoch> {
+        self.entries.last().map(|(epoch, _)| *epoch)
+    }
+
+    /// Records a batch appended at the log end. The caller has already
+    /// checked (with [`check_append`]) that its epoch does not go back.
+    pub(crate) fn on_append(&mut self, epoch: Epoch, base_offset: Offset) {
+        match self.entries.last() {
+            Some((last, _)) if *last == epoch => {}
+            Some((last, start)) => {
+                debug_assert!(epoch > *last && base_offset > *start, "epoch cache would not ascend");
+                self.entries.push((epoch, base_offset));
+            }
+            None => self.entries.push((epoch, base_offset)),
+        }
+    }
+
+    /// Forgets every epoch that starts at or above the new log end.
+    pub(crate) fn truncate(&mut self, end_offset: Offset) {
+        while matches!(self.entries.last(), Some((_, start)) if *start >= end_offset) {
+            self.entries.pop();
+        }
+    }
+
+    pub(crate) fn to_vec(&self) -> Vec<(Epoch, Offset)> {
+        self.entries.clone()
+    }
+}
+
+/// The `max_bytes` rule of [`LogStore::read`], shared by the backends: take
+/// batches while they fit, but always the first one, so that a reader makes
+/// progress past a batch larger than its budget.
+pub(crate) struct ReadBudget {
+    max_bytes: usize,
+    used_bytes: usize,
+    taken: usize,
+}
+
+impl ReadBudget {
+    pub(crate) fn new(max_bytes: usize) -> Self {
+        ReadBudget {
+            max_bytes,
+            used_bytes: 0,
+            taken: 0,
+        }
+    }
+
+    /// True (and the batch is counted) when a batch of `size_bytes` may be
+    /// added to the response.
+    pub(crate) fn try_take(&mut self, size_bytes: usize) -> bool {
+        let fits = self.used_bytes.saturating_add(size_bytes) <= self.max_bytes;
+        if self.taken == 0 || fits {
+            self.used_bytes = self.used_bytes.saturating_add(size_bytes);
+            self.taken += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+pub use sled_store::SledReader;

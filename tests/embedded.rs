@@ -1,0 +1,526 @@
+//! Embedding: whole nodes (actors, storage thread, raft listener) started
+//! with `kraft::node::start` inside one actix System, talking over loopback.
+//!
+//! Waits poll with a bound (at most [`WAIT`]) and never assert on timings.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use kraft::config::Config;
+use kraft::messages::Record;
+use kraft::node::{
+    self, AppendError, Appended, Committed, CommittedRecord, LeaderChanged, Listener, NodeHandle, QuorumStatus,
+};
+use kraft::raft::{Epoch, NodeId, Offset};
+
+/// Longest any condition is waited for.
+const WAIT: Duration = Duration::from_secs(20);
+const POLL: Duration = Duration::from_millis(25);
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// Free loopback ports: bound, read, released.
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+/// A controller of a quorum whose voter `i + 1` listens on `ports[i]`, with
+/// short timeouts.
+fn controller_config(id: NodeId, ports: &[u16], data_dir: &Path) -> Config {
+    let mut config = Config::default();
+    let voters: BTreeMap<NodeId, String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| (i as NodeId + 1, format!("127.0.0.1:{port}")))
+        .collect();
+    config.node.id = id;
+    config.node.cluster_id = "embedded-test".to_string();
+    config.node.data_dir = data_dir.to_path_buf();
+    config.listeners.raft = voters[&id].parse::<SocketAddr>().unwrap();
+    config.listeners.http = "127.0.0.1:0".parse().unwrap();
+    config.quorum.voters = voters;
+    config.quorum.election_timeout_ms = 300;
+    config.quorum.fetch_timeout_ms = 600;
+    config.quorum.request_timeout_ms = 1000;
+    config.quorum.retry_backoff_ms = 20;
+    config.quorum.election_backoff_max_ms = 300;
+    config.metadata.max_idle_interval_ms = 200;
+    config
+}
+
+/// Polls `probe` until it yields a value, for at most [`WAIT`].
+async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {WAIT:?} waiting for {what}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The index of the node every running node agrees is the leader, with its
+/// epoch and status.
+async fn agreed_leader(nodes: &[Option<NodeHandle>], newer_than: Epoch) -> (usize, Epoch) {
+    eventually("a leader all running nodes agree on", || async {
+        let mut statuses: Vec<(usize, QuorumStatus)> = Vec::new();
+        for (i, node) in nodes.iter().enumerate() {
+            if let Some(node) = node {
+                statuses.push((i, node.describe().await.ok()?));
+            }
+        }
+        let (leader, status) = statuses.iter().find(|(_, s)| s.role == "leader")?;
+        let epoch = status.leader_epoch;
+        let agreed = statuses
+            .iter()
+            .all(|(_, s)| s.leader_epoch == epoch && s.leader_id == Some(status.node_id));
+        (agreed && epoch > newer_than).then_some((*leader, epoch))
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------
+// A listener that records what it is given
+// ---------------------------------------------------------------------
+
+/// A leader change and the last record offset delivered before it.
+type Announcement = (LeaderChanged, Option<Offset>);
+
+#[derive(Clone, Default)]
+struct Seen {
+    committed: Arc<Mutex<Vec<CommittedRecord>>>,
+    /// Each leader change with the last record offset delivered before it.
+    leaders: Arc<Mutex<Vec<Announcement>>>,
+    /// High watermarks in delivery order.
+    high_watermarks: Arc<Mutex<Vec<Offset>>>,
+}
+
+impl Seen {
+    fn records(&self) -> Vec<CommittedRecord> {
+        self.committed.lock().unwrap().clone()
+    }
+
+    fn leaders(&self) -> Vec<LeaderChanged> {
+        self.leaders.lock().unwrap().iter().map(|(c, _)| c.clone()).collect()
+    }
+
+    /// The last record offset delivered before `change` was, if it was.
+    fn announced_after(&self, change: &LeaderChanged) -> Option<Option<Offset>> {
+        self.leaders
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(c, _)| c == change)
+            .map(|(_, at)| *at)
+    }
+}
+
+struct Collector(Seen);
+
+impl Actor for Collector {
+    type Context = Context<Self>;
+}
+
+impl Handler<Committed> for Collector {
+    type Result = ();
+
+    fn handle(&mut self, msg: Committed, _ctx: &mut Self::Context) {
+        assert!(
+            msg.records.iter().all(|r| r.offset < msg.high_watermark),
+            "only committed records are delivered: {msg:?}"
+        );
+        self.0.high_watermarks.lock().unwrap().push(msg.high_watermark);
+        self.0.committed.lock().unwrap().extend(msg.records);
+    }
+}
+
+impl Handler<LeaderChanged> for Collector {
+    type Result = ();
+
+    fn handle(&mut self, msg: LeaderChanged, _ctx: &mut Self::Context) {
+        let last = self.0.committed.lock().unwrap().last().map(|r| r.offset);
+        self.0.leaders.lock().unwrap().push((msg, last));
+    }
+}
+
+async fn register_collector(node: &NodeHandle) -> Seen {
+    let seen = Seen::default();
+    let collector = Collector(seen.clone()).start();
+    node.register_listener(Listener {
+        committed: collector.clone().recipient(),
+        leader_changed: Some(collector.recipient()),
+    })
+    .await
+    .expect("listener registered");
+    seen
+}
+
+/// Waits until `seen` has every record up to `last` (inclusive).
+async fn seen_through(seen: &Seen, last: Offset) -> Vec<CommittedRecord> {
+    eventually(&format!("a listener to receive offset {last}"), || async {
+        let records = seen.records();
+        records.last().filter(|r| r.offset >= last).map(|_| records.clone())
+    })
+    .await
+}
+
+fn data(text: &str) -> Vec<u8> {
+    text.as_bytes().to_vec()
+}
+
+async fn start_cluster(ports: &[u16], dirs: &[tempfile::TempDir]) -> Vec<Option<NodeHandle>> {
+    let mut nodes = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let config = controller_config(i as NodeId + 1, ports, dir.path());
+        nodes.push(Some(node::start(config).await.expect("node starts")));
+    }
+    nodes
+}
+
+async fn shutdown_all(nodes: &mut [Option<NodeHandle>]) {
+    for node in nodes.iter_mut() {
+        if let Some(node) = node.take() {
+            node.shutdown().await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------
+
+#[actix_rt::test]
+async fn three_nodes_elect_a_leader_and_commit_appends_from_any_node_to_every_listener() {
+    init_tracing();
+    let ports = free_ports(3);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes = start_cluster(&ports, &dirs).await;
+    let mut seen = Vec::new();
+    for node in nodes.iter().flatten() {
+        seen.push(register_collector(node).await);
+    }
+
+    let (leader, epoch) = agreed_leader(&nodes, 0).await;
+    let leader_id = leader as NodeId + 1;
+    let follower = (leader + 1) % 3;
+
+    let on_leader = nodes[leader]
+        .as_ref()
+        .unwrap()
+        .append(vec![data("a"), data("b")])
+        .await
+        .expect("append on the leader");
+    assert_eq!(on_leader.last_offset, on_leader.base_offset + 1);
+    let forwarded = nodes[follower]
+        .as_ref()
+        .unwrap()
+        .append(vec![data("c")])
+        .await
+        .expect("append forwarded by a follower");
+    assert!(
+        forwarded.base_offset > on_leader.last_offset,
+        "{forwarded:?} after {on_leader:?}"
+    );
+    let on_other = nodes[(leader + 2) % 3]
+        .as_ref()
+        .unwrap()
+        .append(vec![data("d")])
+        .await
+        .expect("append forwarded");
+
+    // Every listener receives the same committed sequence, LeaderChange
+    // included, and the appends at the offsets they were acknowledged at.
+    let last = on_other.last_offset;
+    let sequences: Vec<Vec<CommittedRecord>> = {
+        let mut all = Vec::new();
+        for s in &seen {
+            let records = seen_through(s, last).await;
+            all.push(records.into_iter().filter(|r| r.offset <= last).collect::<Vec<_>>());
+        }
+        all
+    };
+    for (i, sequence) in sequences.iter().enumerate() {
+        assert_eq!(sequence, &sequences[0], "listener on node {} disagrees", i + 1);
+        let offsets: Vec<Offset> = sequence.iter().map(|r| r.offset).collect();
+        assert_eq!(
+            offsets,
+            (0..=last).collect::<Vec<_>>(),
+            "offsets are contiguous from the log start"
+        );
+    }
+    let sequence = &sequences[0];
+    assert!(
+        sequence.iter().any(
+            |r| matches!(r.record, Record::LeaderChange { leader_id: l, .. } if l == leader_id) && r.epoch == epoch
+        ),
+        "the LeaderChange record of epoch {epoch} is delivered"
+    );
+    let value_at = |offset: Offset| sequence.iter().find(|r| r.offset == offset).map(|r| r.record.clone());
+    assert_eq!(value_at(on_leader.base_offset), Some(Record::Data(data("a"))));
+    assert_eq!(value_at(on_leader.last_offset), Some(Record::Data(data("b"))));
+    assert_eq!(value_at(forwarded.base_offset), Some(Record::Data(data("c"))));
+    assert_eq!(value_at(on_other.base_offset), Some(Record::Data(data("d"))));
+
+    for s in &seen {
+        let hws = s.high_watermarks.lock().unwrap().clone();
+        assert!(
+            hws.windows(2).all(|w| w[0] <= w[1]),
+            "high watermarks never go back: {hws:?}"
+        );
+    }
+
+    // Every listener is told who leads, the leader's own once it has seen
+    // the LeaderChange record.
+    for (i, s) in seen.iter().enumerate() {
+        eventually(&format!("node {} to announce leader {leader_id}", i + 1), || async {
+            s.leaders()
+                .iter()
+                .any(|c| c.epoch == epoch && c.leader_id == Some(leader_id))
+                .then_some(())
+        })
+        .await;
+    }
+    let leader_change_offset = sequence
+        .iter()
+        .find(|r| r.epoch == epoch && matches!(r.record, Record::LeaderChange { .. }))
+        .map(|r| r.offset)
+        .unwrap();
+    assert!(leader_change_offset < on_leader.base_offset);
+
+    // read_committed serves the same records on every node.
+    for (i, node) in nodes.iter().flatten().enumerate() {
+        let page = eventually("the high watermark to cover the appends", || async {
+            let page = node.read_committed(0, 1000).await.ok()?;
+            (page.high_watermark > last).then_some(page)
+        })
+        .await;
+        let values: Vec<Option<String>> = page
+            .records
+            .iter()
+            .filter(|e| e.kind == "data")
+            .map(|e| e.value.clone())
+            .collect();
+        let expected: Vec<Option<String>> = ["a", "b", "c", "d"].iter().map(|v| Some(v.to_string())).collect();
+        assert_eq!(values, expected, "node {}", i + 1);
+        assert!(
+            page.records.windows(2).all(|w| w[1].offset == w[0].offset + 1),
+            "contiguous offsets"
+        );
+        assert!(page.records.iter().all(|e| e.offset < page.high_watermark));
+    }
+
+    // Concurrent appends, half of them forwarded, all commit at distinct
+    // offsets.
+    let burst = (0..60).map(|i| {
+        let node = nodes[[leader, follower][i % 2]].clone().unwrap();
+        async move { node.append(vec![data(&format!("burst-{i}"))]).await }
+    });
+    let mut offsets: Vec<Offset> = futures::future::join_all(burst)
+        .await
+        .into_iter()
+        .map(|r| r.expect("a concurrent append commits").base_offset)
+        .collect();
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 60);
+    assert!(offsets[0] > last);
+
+    // Describe on the leader lists every voter.
+    let status = nodes[leader].as_ref().unwrap().describe().await.unwrap();
+    assert_eq!(status.voters.len(), 3);
+    let metrics = nodes[leader].as_ref().unwrap().metrics().await.unwrap();
+    assert!(metrics.commits_total >= 60, "{metrics:?}");
+    assert_eq!(metrics.current_leader, leader_id);
+
+    shutdown_all(&mut nodes).await;
+}
+
+#[actix_rt::test]
+async fn a_gracefully_stopped_leader_is_replaced_and_committed_records_stay_readable() {
+    init_tracing();
+    let ports = free_ports(3);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes = start_cluster(&ports, &dirs).await;
+
+    let (leader, epoch) = agreed_leader(&nodes, 0).await;
+    let mut acknowledged: Vec<(Appended, String)> = Vec::new();
+    for i in 0..5 {
+        let value = format!("before-{i}");
+        let appended = nodes[leader]
+            .as_ref()
+            .unwrap()
+            .append(vec![data(&value)])
+            .await
+            .expect("append");
+        acknowledged.push((appended, value));
+    }
+
+    let old = nodes[leader].take().unwrap();
+    old.shutdown().await;
+    assert!(old.is_stopped());
+    old.shutdown().await; // idempotent
+    assert!(matches!(
+        old.append(vec![data("late")]).await,
+        Err(AppendError::Unavailable(_))
+    ));
+    assert!(old.describe().await.is_err());
+
+    let (new_leader, new_epoch) = agreed_leader(&nodes, epoch).await;
+    assert_ne!(new_leader, leader);
+    assert!(new_epoch > epoch);
+
+    // Every acknowledged append is still there, on both survivors.
+    let last = acknowledged.last().unwrap().0.last_offset;
+    for node in nodes.iter().flatten() {
+        let page = eventually("the survivors' high watermark to cover the old appends", || async {
+            let page = node.read_committed(0, 1000).await.ok()?;
+            (page.high_watermark > last).then_some(page)
+        })
+        .await;
+        for (appended, value) in &acknowledged {
+            let entry = page
+                .records
+                .iter()
+                .find(|e| e.offset == appended.base_offset)
+                .expect("acknowledged offset kept");
+            assert_eq!(entry.value.as_deref(), Some(value.as_str()));
+            assert_eq!(entry.epoch, appended.epoch);
+        }
+    }
+
+    // The new leader takes writes, also through the other survivor.
+    let other = (0..3).find(|i| *i != leader && *i != new_leader).unwrap();
+    let after = nodes[other]
+        .as_ref()
+        .unwrap()
+        .append(vec![data("after")])
+        .await
+        .expect("append after fail-over");
+    assert_eq!(after.epoch, new_epoch);
+    assert!(after.base_offset > last);
+
+    shutdown_all(&mut nodes).await;
+}
+
+#[actix_rt::test]
+async fn a_single_node_quorum_elects_itself_and_keeps_its_log_across_a_restart() {
+    init_tracing();
+    let ports = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+
+    let node = node::start(controller_config(1, &ports, dir.path()))
+        .await
+        .expect("node starts");
+    assert_eq!(node.node_id(), 1);
+    assert_eq!(node.raft_addr().port(), ports[0]);
+    let (_, first_epoch) = agreed_leader(&[Some(node.clone())], 0).await;
+    let first = node.append(vec![data("one"), data("two")]).await.expect("append");
+    assert_eq!(first.epoch, first_epoch);
+    assert!(matches!(node.append(Vec::new()).await, Err(AppendError::Rejected(_))));
+    node.shutdown().await;
+
+    // Same data dir, new process state.
+    let node = node::start(controller_config(1, &ports, dir.path()))
+        .await
+        .expect("node restarts");
+    let seen = register_collector(&node).await;
+    let (_, second_epoch) = agreed_leader(&[Some(node.clone())], first_epoch).await;
+    assert!(second_epoch > first_epoch);
+    let page = eventually("the restarted node's high watermark to cover the old log", || async {
+        let page = node.read_committed(first.base_offset, 10).await.ok()?;
+        (page.high_watermark > first.last_offset).then_some(page)
+    })
+    .await;
+    let values: Vec<_> = page.records.iter().take(2).map(|e| e.value.clone()).collect();
+    assert_eq!(values, vec![Some("one".to_string()), Some("two".to_string())]);
+
+    let second = node.append(vec![data("three")]).await.expect("append after restart");
+    assert!(second.base_offset > first.last_offset);
+    assert_eq!(second.epoch, second_epoch);
+
+    // A listener registered after the restart gets the whole log, old
+    // records first, and is told of the leadership once it reached the
+    // LeaderChange record of the current epoch.
+    let records = seen_through(&seen, second.last_offset).await;
+    let data_values: Vec<Record> = records
+        .iter()
+        .filter(|r| matches!(r.record, Record::Data(_)))
+        .map(|r| r.record.clone())
+        .collect();
+    assert_eq!(
+        data_values,
+        vec![
+            Record::Data(data("one")),
+            Record::Data(data("two")),
+            Record::Data(data("three"))
+        ]
+    );
+    let leadership = LeaderChanged {
+        epoch: second_epoch,
+        leader_id: Some(1),
+    };
+    let announced_after = eventually("the listener to be told of the leadership", || async {
+        seen.announced_after(&leadership)
+    })
+    .await;
+    let leader_change_offset = records
+        .iter()
+        .find(|r| r.epoch == second_epoch && matches!(r.record, Record::LeaderChange { .. }))
+        .map(|r| r.offset)
+        .expect("the LeaderChange record of the new epoch is delivered");
+    assert!(
+        announced_after >= Some(leader_change_offset),
+        "leadership announced after offset {announced_after:?}, before the epoch start {leader_change_offset}"
+    );
+    let leaders = seen.leaders();
+    assert!(
+        leaders.windows(2).all(|w| w[0] != w[1]),
+        "no leader change is announced twice in a row: {leaders:?}"
+    );
+    assert!(
+        leaders
+            .iter()
+            .all(|c| c.leader_id != Some(1) || c.epoch == second_epoch),
+        "no stale leadership is announced: {leaders:?}"
+    );
+
+    node.shutdown().await;
+}
+
+#[actix_rt::test]
+async fn a_data_dir_of_another_node_is_refused() {
+    init_tracing();
+    let ports = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+    let node = node::start(controller_config(1, &ports, dir.path()))
+        .await
+        .expect("node starts");
+    node.shutdown().await;
+
+    let mut other = controller_config(1, &ports, dir.path());
+    other.node.cluster_id = "another-cluster".to_string();
+    match node::start(other).await {
+        Err(node::StartError::Storage(_)) => {}
+        Err(e) => panic!("expected a storage identity error, got {e}"),
+        Ok(_) => panic!("a data dir of another cluster must be refused"),
+    }
+}

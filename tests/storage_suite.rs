@@ -1,0 +1,1092 @@
+//! The storage test suite (STYLE.md §9): the `LogStore` contract written once
+//! as generic functions (module `contract`) and run against every backend by
+//! `contract_suite!`, then what only one backend promises: MemoryStore's
+//! crash, and SledStore's reopen, identity check, recovery of damaged logs
+//! and durability (fdatasync of the file sled really writes).
+
+use std::path::{Path, PathBuf};
+
+use kraft::messages::{Batch, Record};
+use kraft::raft::{ElectionState, Epoch, Offset};
+use kraft::storage::sled_store::{IDENTITY_FILE, SLED_SUBDIR};
+use kraft::storage::{LogStore, MemoryStore, SledStore, StorageError};
+use tempfile::TempDir;
+
+const CLUSTER: &str = "cluster-a";
+const NODE: i32 = 1;
+
+/// A batch of `records` NoOp records.
+fn batch(base_offset: Offset, epoch: Epoch, records: usize) -> Batch {
+    Batch::new(base_offset, epoch, &vec![Record::NoOp; records])
+}
+
+/// A batch of `records` data records of `bytes` bytes each.
+fn data_batch(base_offset: Offset, epoch: Epoch, records: usize, bytes: usize) -> Batch {
+    let fill = (base_offset % 251) as u8;
+    Batch::new(base_offset, epoch, &vec![Record::Data(vec![fill; bytes]); records])
+}
+
+fn bases(batches: &[Batch]) -> Vec<Offset> {
+    batches.iter().map(|b| b.base_offset).collect()
+}
+
+/// Appends `(records, epoch)` batches from the log end.
+fn append_all<S: LogStore>(store: &mut S, batches: &[(usize, Epoch)]) {
+    for &(records, epoch) in batches {
+        let base = store.end_offset();
+        store.append(&batch(base, epoch, records)).expect("append");
+    }
+}
+
+/// A store under test, and the directory it lives in (if any).
+struct Fixture<S> {
+    store: S,
+    _dir: Option<TempDir>,
+}
+
+fn memory_fixture() -> Fixture<MemoryStore> {
+    Fixture {
+        store: MemoryStore::new(),
+        _dir: None,
+    }
+}
+
+fn sled_fixture() -> Fixture<SledStore> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).expect("open");
+    Fixture { store, _dir: Some(dir) }
+}
+
+/// The `LogStore` contract, one function per rule, generic over the backend.
+mod contract {
+    use super::*;
+
+    pub fn empty_store_has_empty_log_and_default_election_state<S: LogStore>(store: &mut S) {
+        assert_eq!(store.start_offset(), 0);
+        assert_eq!(store.end_offset(), 0);
+        assert!(store.epoch_cache().is_empty());
+        assert_eq!(store.election_state().unwrap(), ElectionState::default());
+        assert!(store.read(0, 100, 1 << 20).unwrap().is_empty());
+    }
+
+    pub fn appended_batches_are_readable_at_once_by_range<S: LogStore>(store: &mut S) {
+        // batches at 0 (3 records), 3 (1), 4 (2), 6 (4): end 10.
+        append_all(store, &[(3, 1), (1, 1), (2, 2), (4, 2)]);
+        assert_eq!(store.start_offset(), 0);
+        assert_eq!(store.end_offset(), 10);
+        let all = store.read(0, 10, usize::MAX).unwrap();
+        assert_eq!(bases(&all), vec![0, 3, 4, 6]);
+        assert_eq!(all[2], batch(4, 2, 2), "read returns the batch as appended");
+        assert_eq!(
+            bases(&store.read(3, 6, usize::MAX).unwrap()),
+            vec![3, 4],
+            "until is exclusive"
+        );
+        assert_eq!(bases(&store.read(4, 5, usize::MAX).unwrap()), vec![4]);
+        assert_eq!(
+            bases(&store.read(0, 1_000, usize::MAX).unwrap()),
+            vec![0, 3, 4, 6],
+            "until past the end"
+        );
+        store.flush().unwrap();
+        assert_eq!(
+            bases(&store.read(0, 10, usize::MAX).unwrap()),
+            vec![0, 3, 4, 6],
+            "flush changes nothing visible"
+        );
+    }
+
+    pub fn read_starting_mid_batch_returns_the_batch_holding_from<S: LogStore>(store: &mut S) {
+        append_all(store, &[(3, 1), (3, 1), (3, 1)]);
+        assert_eq!(bases(&store.read(1, 9, usize::MAX).unwrap()), vec![0, 3, 6]);
+        assert_eq!(bases(&store.read(5, 6, usize::MAX).unwrap()), vec![3]);
+        assert_eq!(bases(&store.read(8, 9, usize::MAX).unwrap()), vec![6]);
+    }
+
+    pub fn read_stops_at_max_bytes_but_returns_at_least_one_batch<S: LogStore>(store: &mut S) {
+        for _ in 0..4 {
+            let base = store.end_offset();
+            store.append(&data_batch(base, 1, 2, 100)).unwrap();
+        }
+        let one = store.read(0, 1, usize::MAX).unwrap()[0].size_bytes();
+        assert_eq!(
+            bases(&store.read(0, 8, one * 2).unwrap()),
+            vec![0, 2],
+            "exactly two fit"
+        );
+        assert_eq!(bases(&store.read(0, 8, one * 2 + 1).unwrap()), vec![0, 2]);
+        assert_eq!(
+            bases(&store.read(0, 8, one * 2 - 1).unwrap()),
+            vec![0],
+            "never above max_bytes after the first"
+        );
+        assert_eq!(bases(&store.read(0, 8, 0).unwrap()), vec![0], "at least one batch");
+        assert_eq!(
+            bases(&store.read(3, 8, 1).unwrap()),
+            vec![2],
+            "at least one batch, from mid-batch"
+        );
+    }
+
+    pub fn read_outside_the_log_returns_nothing_or_refuses<S: LogStore>(store: &mut S) {
+        append_all(store, &[(2, 1), (2, 1)]);
+        assert!(store.read(4, 10, usize::MAX).unwrap().is_empty(), "from at the end");
+        assert!(store.read(40, 100, usize::MAX).unwrap().is_empty(), "from past the end");
+        assert!(store.read(2, 2, usize::MAX).unwrap().is_empty(), "empty range");
+        assert!(store.read(3, 1, usize::MAX).unwrap().is_empty(), "reversed range");
+        assert!(
+            matches!(store.read(-1, 3, usize::MAX), Err(StorageError::Invalid(_))),
+            "from below the start"
+        );
+        assert!(matches!(
+            store.read(Offset::MIN, Offset::MAX, 0),
+            Err(StorageError::Invalid(_))
+        ));
+        assert_eq!(bases(&store.read(0, Offset::MAX, usize::MAX).unwrap()), vec![0, 2]);
+    }
+
+    pub fn truncate_at_a_batch_boundary_removes_everything_from_there<S: LogStore>(store: &mut S) {
+        append_all(store, &[(2, 1), (2, 1), (2, 2)]);
+        store.truncate(4).unwrap();
+        assert_eq!(store.end_offset(), 4);
+        assert_eq!(bases(&store.read(0, 100, usize::MAX).unwrap()), vec![0, 2]);
+        assert!(store.read(4, 100, usize::MAX).unwrap().is_empty());
+        store.append(&batch(4, 3, 1)).unwrap();
+        assert_eq!(
+            store.read(4, 5, usize::MAX).unwrap(),
+            vec![batch(4, 3, 1)],
+            "the new batch, not the old one"
+        );
+        store.truncate(0).unwrap();
+        assert_eq!(store.end_offset(), 0);
+        assert!(store.read(0, 100, usize::MAX).unwrap().is_empty());
+        store.append(&batch(0, 4, 1)).unwrap();
+        assert_eq!(store.end_offset(), 1);
+    }
+
+    pub fn truncate_inside_a_batch_is_rejected<S: LogStore>(store: &mut S) {
+        append_all(store, &[(3, 1), (3, 1)]);
+        assert!(matches!(store.truncate(4), Err(StorageError::Invalid(_))));
+        assert!(matches!(store.truncate(1), Err(StorageError::Invalid(_))));
+        assert_eq!(store.end_offset(), 6, "a refused truncation changes nothing");
+        assert_eq!(bases(&store.read(0, 6, usize::MAX).unwrap()), vec![0, 3]);
+    }
+
+    pub fn truncate_at_or_past_the_end_changes_nothing<S: LogStore>(store: &mut S) {
+        append_all(store, &[(3, 1)]);
+        store.truncate(3).unwrap();
+        store.truncate(10).unwrap();
+        assert_eq!(store.end_offset(), 3);
+        assert!(
+            matches!(store.truncate(-1), Err(StorageError::Invalid(_))),
+            "below the log start"
+        );
+    }
+
+    pub fn non_contiguous_append_is_rejected<S: LogStore>(store: &mut S) {
+        assert!(
+            matches!(store.append(&batch(1, 1, 1)), Err(StorageError::Invalid(_))),
+            "first batch not at 0"
+        );
+        append_all(store, &[(2, 1)]);
+        assert!(
+            matches!(store.append(&batch(3, 1, 1)), Err(StorageError::Invalid(_))),
+            "gap"
+        );
+        assert!(
+            matches!(store.append(&batch(1, 1, 1)), Err(StorageError::Invalid(_))),
+            "overlap"
+        );
+        assert!(
+            matches!(store.append(&batch(0, 1, 1)), Err(StorageError::Invalid(_))),
+            "rewrite"
+        );
+        assert_eq!(store.end_offset(), 2);
+    }
+
+    pub fn append_of_a_damaged_or_older_epoch_batch_is_rejected<S: LogStore>(store: &mut S) {
+        let mut damaged = batch(0, 1, 1);
+        damaged.crc ^= 1;
+        assert!(
+            matches!(store.append(&damaged), Err(StorageError::Invalid(_))),
+            "bad CRC"
+        );
+        append_all(store, &[(1, 3)]);
+        assert!(
+            matches!(store.append(&batch(1, 2, 1)), Err(StorageError::Invalid(_))),
+            "epoch going back"
+        );
+        assert_eq!(store.end_offset(), 1);
+    }
+
+    pub fn epoch_cache_follows_appends_and_truncates<S: LogStore>(store: &mut S) {
+        append_all(store, &[(2, 1), (1, 1), (2, 3), (1, 3), (1, 4)]);
+        // [0,2) e1, [2,3) e1, [3,5) e3, [5,6) e3, [6,7) e4
+        assert_eq!(store.epoch_cache(), vec![(1, 0), (3, 3), (4, 6)]);
+        store.truncate(5).unwrap();
+        assert_eq!(store.epoch_cache(), vec![(1, 0), (3, 3)]);
+        store.truncate(3).unwrap();
+        assert_eq!(store.epoch_cache(), vec![(1, 0)]);
+        append_all(store, &[(1, 5)]);
+        assert_eq!(store.epoch_cache(), vec![(1, 0), (5, 3)]);
+        store.truncate(0).unwrap();
+        assert!(store.epoch_cache().is_empty());
+    }
+
+    pub fn election_state_round_trips<S: LogStore>(store: &mut S) {
+        let voted = ElectionState {
+            epoch: 3,
+            voted_for: Some(2),
+            leader_id: None,
+        };
+        store.write_election_state(&voted).unwrap();
+        assert_eq!(store.election_state().unwrap(), voted);
+        let follower = ElectionState {
+            epoch: 3,
+            voted_for: Some(2),
+            leader_id: Some(2),
+        };
+        store.write_election_state(&follower).unwrap();
+        assert_eq!(store.election_state().unwrap(), follower);
+        let next = ElectionState::unattached(7);
+        store.write_election_state(&next).unwrap();
+        assert_eq!(store.election_state().unwrap(), next);
+    }
+
+    pub fn election_state_never_goes_back_nor_changes_its_vote<S: LogStore>(store: &mut S) {
+        let voted = ElectionState {
+            epoch: 5,
+            voted_for: Some(2),
+            leader_id: None,
+        };
+        store.write_election_state(&voted).unwrap();
+        let older = ElectionState::unattached(4);
+        assert!(matches!(
+            store.write_election_state(&older),
+            Err(StorageError::Invalid(_))
+        ));
+        let other_vote = ElectionState {
+            epoch: 5,
+            voted_for: Some(3),
+            leader_id: None,
+        };
+        assert!(matches!(
+            store.write_election_state(&other_vote),
+            Err(StorageError::Invalid(_))
+        ));
+        assert_eq!(
+            store.election_state().unwrap(),
+            voted,
+            "a refused write changes nothing"
+        );
+    }
+}
+
+/// Runs every function of `contract` as its own test against one backend.
+macro_rules! contract_suite {
+    ($backend:ident, $fixture:path) => {
+        contract_suite!(@tests $backend, $fixture;
+            empty_store_has_empty_log_and_default_election_state,
+            appended_batches_are_readable_at_once_by_range,
+            read_starting_mid_batch_returns_the_batch_holding_from,
+            read_stops_at_max_bytes_but_returns_at_least_one_batch,
+            read_outside_the_log_returns_nothing_or_refuses,
+            truncate_at_a_batch_boundary_removes_everything_from_there,
+            truncate_inside_a_batch_is_rejected,
+            truncate_at_or_past_the_end_changes_nothing,
+            non_contiguous_append_is_rejected,
+            append_of_a_damaged_or_older_epoch_batch_is_rejected,
+            epoch_cache_follows_appends_and_truncates,
+            election_state_round_trips,
+            election_state_never_goes_back_nor_changes_its_vote,
+        );
+    };
+    (@tests $backend:ident, $fixture:path; $($name:ident,)*) => {
+        mod $backend {
+            use super::*;
+            $(
+                #[test]
+                fn $name() {
+                    let mut fixture = $fixture();
+                    contract::$name(&mut fixture.store);
+                }
+            )*
+        }
+    };
+}
+
+contract_suite!(memory_contract, memory_fixture);
+contract_suite!(sled_contract, sled_fixture);
+
+/// Both backends give the same answers to the same random operations, and
+/// both match a plain model of the log.
+mod backends_agree {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Append {
+            records: usize,
+            epoch_bump: bool,
+        },
+        /// Truncate to the boundary of batch `index % batches`.
+        Truncate {
+            index: usize,
+        },
+        Flush,
+        Read {
+            from: Offset,
+            len: Offset,
+            max_bytes: usize,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (1usize..4, any::<bool>()).prop_map(|(records, epoch_bump)| Op::Append { records, epoch_bump }),
+            1 => (0usize..16).prop_map(|index| Op::Truncate { index }),
+            1 => Just(Op::Flush),
+            2 => (0i64..40, 0i64..20, 0usize..200).prop_map(|(from, len, max_bytes)| Op::Read { from, len, max_bytes }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+        #[test]
+        fn memory_and_sled_agree_with_a_model(ops in proptest::collection::vec(op(), 1..40)) {
+            let mut memory = MemoryStore::new();
+            let mut sled = sled_fixture();
+            let mut model: Vec<Batch> = Vec::new();
+            let mut epoch = 1;
+            for op in ops {
+                match op {
+                    Op::Append { records, epoch_bump } => {
+                        epoch += epoch_bump as Epoch;
+                        let base = model.last().map(Batch::next_offset).unwrap_or(0);
+                        let b = data_batch(base, epoch, records, 7);
+                        memory.append(&b).unwrap();
+                        sled.store.append(&b).unwrap();
+                        model.push(b);
+                    }
+                    Op::Truncate { index } => {
+                        if model.is_empty() { continue; }
+                        let at = model[index % model.len()].base_offset;
+                        memory.truncate(at).unwrap();
+                        sled.store.truncate(at).unwrap();
+                        model.retain(|b| b.base_offset < at);
+                    }
+                    Op::Flush => {
+                        memory.flush().unwrap();
+                        sled.store.flush().unwrap();
+                    }
+                    Op::Read { from, len, max_bytes } => {
+                        let until = from + len;
+                        let m = memory.read(from, until, max_bytes).unwrap();
+                        let s = sled.store.read(from, until, max_bytes).unwrap();
+                        prop_assert_eq!(&m, &s);
+                        let first = model.iter().position(|b| b.next_offset() > from);
+                        if let (Some(first), true) = (first, from < until) {
+                            prop_assert!(!m.is_empty(), "at least one batch");
+                            prop_assert_eq!(&m[0], &model[first]);
+                            prop_assert!(m.iter().all(|b| b.base_offset < until));
+                        } else {
+                            prop_assert!(m.is_empty());
+                        }
+                    }
+                }
+                prop_assert_eq!(memory.end_offset(), sled.store.end_offset());
+                prop_assert_eq!(memory.epoch_cache(), sled.store.epoch_cache());
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// MemoryStore: crash loses exactly the unflushed writes.
+
+/// MemoryStore against the obvious model: a durable copy taken at every
+/// flush, restored at every crash.
+mod memory_crash_model {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Append { records: usize, epoch_bump: bool },
+        Truncate { index: usize },
+        Flush,
+        Crash,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            5 => (1usize..4, any::<bool>()).prop_map(|(records, epoch_bump)| Op::Append { records, epoch_bump }),
+            2 => (0usize..16).prop_map(|index| Op::Truncate { index }),
+            2 => Just(Op::Flush),
+            1 => Just(Op::Crash),
+        ]
+    }
+
+    fn epoch_cache(log: &[Batch]) -> Vec<(Epoch, Offset)> {
+        let mut cache: Vec<(Epoch, Offset)> = Vec::new();
+        for b in log {
+            if cache.last().map(|(e, _)| *e) != Some(b.epoch) {
+                cache.push((b.epoch, b.base_offset));
+            }
+        }
+        cache
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+        #[test]
+        fn crash_restores_the_last_flushed_log(ops in proptest::collection::vec(op(), 1..60)) {
+            let mut store = MemoryStore::new();
+            let mut visible: Vec<Batch> = Vec::new();
+            let mut durable: Vec<Batch> = Vec::new();
+            let mut epoch = 1;
+            for op in ops {
+                match op {
+                    Op::Append { records, epoch_bump } => {
+                        epoch = epoch.max(visible.last().map(|b| b.epoch).unwrap_or(0)) + epoch_bump as Epoch;
+                        let b = batch(visible.last().map(Batch::next_offset).unwrap_or(0), epoch, records);
+                        store.append(&b).unwrap();
+                        visible.push(b);
+                    }
+                    Op::Truncate { index } => {
+                        if visible.is_empty() { continue; }
+                        let at = visible[index % visible.len()].base_offset;
+                        store.truncate(at).unwrap();
+                        visible.retain(|b| b.base_offset < at);
+                    }
+                    Op::Flush => {
+                        store.flush().unwrap();
+                        durable = visible.clone();
+                    }
+                    Op::Crash => {
+                        store.crash();
+                        visible = durable.clone();
+                    }
+                }
+                prop_assert_eq!(&store.read(0, Offset::MAX, usize::MAX).unwrap(), &visible);
+                prop_assert_eq!(&store.durable_batches(), &durable);
+                prop_assert_eq!(store.durable_end_offset(), durable.last().map(Batch::next_offset).unwrap_or(0));
+                // Op-based: a truncation re-appended identically still counts.
+                prop_assert!(store.has_unflushed() || visible == durable);
+                prop_assert_eq!(store.epoch_cache(), epoch_cache(&visible));
+                prop_assert_eq!(store.end_offset(), visible.last().map(Batch::next_offset).unwrap_or(0));
+            }
+        }
+    }
+}
+
+#[test]
+fn memory_crash_loses_unflushed_appends_and_keeps_flushed_ones() {
+    let mut store = MemoryStore::new();
+    append_all(&mut store, &[(2, 1), (2, 1)]);
+    store.flush().unwrap();
+    append_all(&mut store, &[(2, 2), (2, 2)]);
+    assert!(store.has_unflushed());
+    assert_eq!(store.durable_end_offset(), 4);
+    assert_eq!(bases(&store.durable_batches()), vec![0, 2]);
+    store.crash();
+    assert_eq!(store.end_offset(), 4);
+    assert_eq!(bases(&store.read(0, 100, usize::MAX).unwrap()), vec![0, 2]);
+    assert_eq!(store.epoch_cache(), vec![(1, 0)]);
+    append_all(&mut store, &[(1, 3)]);
+    assert_eq!(
+        store.epoch_cache(),
+        vec![(1, 0), (3, 4)],
+        "the log goes on from the durable end"
+    );
+}
+
+#[test]
+fn memory_crash_undoes_unflushed_truncations() {
+    let mut store = MemoryStore::new();
+    append_all(&mut store, &[(2, 1), (2, 2), (2, 2)]);
+    store.flush().unwrap();
+    let durable = store.read(0, 100, usize::MAX).unwrap();
+    store.truncate(2).unwrap();
+    append_all(&mut store, &[(5, 3)]);
+    assert_eq!(
+        store.durable_batches(),
+        durable,
+        "durable image unchanged by the truncation"
+    );
+    store.crash();
+    assert_eq!(store.read(0, 100, usize::MAX).unwrap(), durable);
+    assert_eq!(store.epoch_cache(), vec![(1, 0), (2, 2)]);
+}
+
+#[test]
+fn memory_crash_keeps_flushed_truncations() {
+    let mut store = MemoryStore::new();
+    append_all(&mut store, &[(2, 1), (2, 2), (2, 2)]);
+    store.flush().unwrap();
+    store.truncate(2).unwrap();
+    append_all(&mut store, &[(5, 3)]);
+    store.flush().unwrap();
+    append_all(&mut store, &[(1, 3)]);
+    store.crash();
+    assert_eq!(bases(&store.read(0, 100, usize::MAX).unwrap()), vec![0, 2]);
+    assert_eq!(store.end_offset(), 7);
+    assert_eq!(store.epoch_cache(), vec![(1, 0), (3, 2)]);
+}
+
+#[test]
+fn memory_election_state_is_durable_without_a_flush() {
+    let mut store = MemoryStore::new();
+    let state = ElectionState {
+        epoch: 2,
+        voted_for: Some(1),
+        leader_id: None,
+    };
+    store.write_election_state(&state).unwrap();
+    append_all(&mut store, &[(1, 2)]);
+    store.crash();
+    assert_eq!(store.election_state().unwrap(), state);
+    assert_eq!(store.end_offset(), 0);
+}
+
+#[test]
+fn memory_clone_is_an_independent_copy() {
+    let mut store = MemoryStore::default();
+    append_all(&mut store, &[(1, 1)]);
+    let copy = store.clone();
+    store.crash();
+    assert_eq!(copy.end_offset(), 1);
+    assert_eq!(store.end_offset(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// SledStore: reopen, identity, recovery.
+
+fn sled_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join(SLED_SUBDIR)
+}
+
+/// Runs `change` on the raw sled database of a closed store.
+fn with_raw_sled(data_dir: &Path, change: impl FnOnce(&sled::Db)) {
+    let db = sled::open(sled_dir(data_dir)).expect("raw sled open");
+    change(&db);
+    db.flush().expect("raw sled flush");
+}
+
+/// Replaces the stored value of the batch at `base` with `damage(value)`.
+fn damage_log_value(data_dir: &Path, base: Offset, damage: impl FnOnce(&mut Vec<u8>)) {
+    with_raw_sled(data_dir, |db| {
+        let log = db.open_tree("log").unwrap();
+        let mut value = log.get(base.to_be_bytes()).unwrap().expect("batch to damage").to_vec();
+        damage(&mut value);
+        log.insert(base.to_be_bytes(), value).unwrap();
+    });
+}
+
+/// Flips the last byte of the value: it still decodes, the CRC fails.
+fn flip_last_byte(value: &mut [u8]) {
+    *value.last_mut().unwrap() ^= 0x5a;
+}
+
+/// Writes 4 batches of 2 records in epochs 1, 1, 2, 2 (end 8) and flushes.
+fn write_sample_log(data_dir: &Path) -> Vec<Batch> {
+    let mut store = SledStore::open(data_dir, CLUSTER, NODE).unwrap();
+    for (base, epoch) in [(0, 1), (2, 1), (4, 2), (6, 2)] {
+        store.append(&data_batch(base, epoch, 2, 16)).unwrap();
+    }
+    store.flush().unwrap();
+    store.read(0, 8, usize::MAX).unwrap()
+}
+
+fn expect_corrupt(result: kraft::storage::Result<SledStore>) -> (Offset, String) {
+    match result {
+        Err(StorageError::Corrupt { offset, reason }) => (offset, reason),
+        Err(other) => panic!("expected a Corrupt error, got {other}"),
+        Ok(store) => panic!("expected a Corrupt error, opened {store:?}"),
+    }
+}
+
+#[test]
+fn sled_reopen_keeps_flushed_log_and_election_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = ElectionState {
+        epoch: 4,
+        voted_for: Some(1),
+        leader_id: Some(1),
+    };
+    {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        append_all(&mut store, &[(2, 1), (3, 1), (1, 4)]);
+        store.truncate(5).unwrap();
+        append_all(&mut store, &[(2, 4)]);
+        store.write_election_state(&state).unwrap();
+        store.flush().unwrap();
+    }
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_eq!(store.election_state().unwrap(), state);
+    assert_eq!(store.start_offset(), 0);
+    assert_eq!(store.end_offset(), 7);
+    assert_eq!(
+        store.epoch_cache(),
+        vec![(1, 0), (4, 5)],
+        "epoch cache rebuilt from the log"
+    );
+    assert_eq!(store.read(5, 7, usize::MAX).unwrap(), vec![batch(5, 4, 2)]);
+}
+
+#[test]
+fn sled_reopen_keeps_the_high_watermark_hint_and_refuses_to_truncate_below_it() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        append_all(&mut store, &[(2, 1), (2, 1), (2, 1)]);
+        store.set_high_watermark_hint(100);
+        assert_eq!(store.high_watermark_hint(), 6, "capped at the log end");
+        store.set_high_watermark_hint(4);
+        assert_eq!(store.high_watermark_hint(), 6, "never decreases");
+        assert!(matches!(store.truncate(4), Err(StorageError::Invalid(_))));
+        store.flush().unwrap();
+    }
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_eq!(store.high_watermark_hint(), 6);
+    assert!(matches!(store.truncate(2), Err(StorageError::Invalid(_))));
+    assert_eq!(store.end_offset(), 6);
+}
+
+#[test]
+fn sled_refuses_a_data_dir_of_another_cluster_or_node() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(SledStore::open(dir.path(), CLUSTER, NODE).unwrap());
+    for (cluster, node) in [("cluster-b", NODE), (CLUSTER, 2)] {
+        match SledStore::open(dir.path(), cluster, node) {
+            Err(e @ StorageError::IdentityMismatch { .. }) => {
+                let message = e.to_string();
+                assert!(message.contains(CLUSTER) && message.contains(cluster), "{message}");
+                assert!(message.contains(&format!("node id {NODE}")), "{message}");
+                assert!(message.contains(&format!("node id {node}")), "{message}");
+                assert!(message.contains(&dir.path().display().to_string()), "{message}");
+            }
+            Err(other) => panic!("expected an identity mismatch, got {other}"),
+            Ok(_) => panic!("opened the data dir of {CLUSTER}/{NODE} as {cluster}/{node}"),
+        }
+    }
+    SledStore::open(dir.path(), CLUSTER, NODE).expect("the owner still opens it");
+}
+
+#[test]
+fn sled_truncates_a_torn_tail_at_open_and_keeps_earlier_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = write_sample_log(dir.path());
+    damage_log_value(dir.path(), 6, |v| flip_last_byte(v));
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).expect("a torn tail is recovered");
+    assert_eq!(store.end_offset(), 6);
+    assert_eq!(store.read(0, 100, usize::MAX).unwrap(), written[..3].to_vec());
+    assert_eq!(store.epoch_cache(), vec![(1, 0), (2, 4)]);
+    store
+        .append(&batch(6, 3, 1))
+        .expect("the log goes on from the recovered end");
+    store.flush().unwrap();
+    drop(store);
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_eq!(store.end_offset(), 7, "the truncation was made durable");
+}
+
+#[test]
+fn sled_truncates_a_tail_of_several_undecodable_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = write_sample_log(dir.path());
+    damage_log_value(dir.path(), 4, |v| *v = vec![0xff; 7]);
+    damage_log_value(dir.path(), 6, |v| v.truncate(v.len() / 2));
+    with_raw_sled(dir.path(), |db| {
+        // A value under a key that is not even an offset.
+        db.open_tree("log")
+            .unwrap()
+            .insert([0xff, 0xff], &[1u8, 2, 3][..])
+            .unwrap();
+    });
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_eq!(store.end_offset(), 4);
+    assert_eq!(store.read(0, 100, usize::MAX).unwrap(), written[..2].to_vec());
+    assert_eq!(store.epoch_cache(), vec![(1, 0)]);
+}
+
+#[test]
+fn sled_corruption_followed_by_valid_batches_is_a_hard_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write_sample_log(dir.path());
+    damage_log_value(dir.path(), 2, |v| flip_last_byte(v));
+    let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert_eq!(offset, 2);
+    assert!(
+        reason.contains("CRC") && reason.contains("valid batch follows at offset 4"),
+        "{reason}"
+    );
+    // Still refused on the next attempt: nothing was dropped.
+    expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+}
+
+#[test]
+fn sled_a_hole_in_the_log_is_a_hard_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write_sample_log(dir.path());
+    with_raw_sled(dir.path(), |db| {
+        db.open_tree("log").unwrap().remove(2i64.to_be_bytes()).unwrap();
+    });
+    let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert_eq!(offset, 2, "{reason}");
+}
+
+#[test]
+fn sled_a_damaged_tail_below_the_high_watermark_hint_is_a_hard_error() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        append_all(&mut store, &[(2, 1), (2, 1), (2, 1)]);
+        store.set_high_watermark_hint(5);
+        store.flush().unwrap();
+    }
+    damage_log_value(dir.path(), 4, |v| flip_last_byte(v));
+    let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert_eq!(offset, 4);
+    assert!(reason.contains("high watermark hint 5"), "{reason}");
+}
+
+#[test]
+fn sled_a_log_ending_below_the_high_watermark_hint_is_a_hard_error() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        append_all(&mut store, &[(2, 1), (2, 1)]);
+        store.set_high_watermark_hint(4);
+        store.flush().unwrap();
+    }
+    with_raw_sled(dir.path(), |db| {
+        db.open_tree("log").unwrap().remove(2i64.to_be_bytes()).unwrap();
+    });
+    let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert_eq!(offset, 2);
+    assert!(reason.contains("missing"), "{reason}");
+}
+
+#[test]
+fn sled_garbage_in_the_election_or_meta_trees_is_an_error_not_a_panic() {
+    let cases: [(&str, &[u8], &[u8]); 4] = [
+        ("election", b"state", &[0xff; 3]),
+        ("election", b"state", &[0xff; 40]),
+        ("meta", b"identity", &[1, 2, 3]),
+        ("meta", b"high_watermark_hint", &[9]),
+    ];
+    for (tree, key, garbage) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        write_sample_log(dir.path());
+        with_raw_sled(dir.path(), |db| {
+            db.open_tree(tree).unwrap().insert(key, garbage).unwrap();
+        });
+        match SledStore::open(dir.path(), CLUSTER, NODE) {
+            Err(e) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains(tree) && message.contains("does not decode"),
+                    "{message}"
+                );
+            }
+            Ok(_) => panic!("opened a store with garbage under {tree}/{key:?}"),
+        }
+    }
+}
+
+#[test]
+fn sled_a_log_without_an_identity_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_sample_log(dir.path());
+    with_raw_sled(dir.path(), |db| {
+        db.open_tree("meta").unwrap().remove(b"identity").unwrap();
+    });
+    let error = SledStore::open(dir.path(), CLUSTER, NODE).expect_err("no identity, but a log");
+    assert!(error.to_string().contains("no identity"), "{error}");
+}
+
+#[test]
+fn sled_a_database_that_lost_its_contents_is_refused() {
+    // sled's recovery keeps what precedes the first damaged record of its
+    // own log; damage early in its file brings back an empty database. The
+    // identity file outside sled tells that from a new node.
+    let dir = tempfile::tempdir().unwrap();
+    write_sample_log(dir.path());
+    assert!(dir.path().join(IDENTITY_FILE).exists());
+    std::fs::remove_dir_all(sled_dir(dir.path())).unwrap();
+    let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert_eq!(offset, 0);
+    assert!(reason.contains("lost its contents"), "{reason}");
+}
+
+#[test]
+fn sled_the_identity_file_is_checked_too() {
+    let dir = tempfile::tempdir().unwrap();
+    write_sample_log(dir.path());
+    let path = dir.path().join(IDENTITY_FILE);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("cluster.id=cluster-a") && text.contains("node.id=1"),
+        "{text}"
+    );
+
+    std::fs::write(&path, text.replace("node.id=1", "node.id=9")).unwrap();
+    match SledStore::open(dir.path(), CLUSTER, NODE) {
+        Err(e @ StorageError::IdentityMismatch { .. }) => {
+            assert!(e.to_string().contains("node id 9"), "{e}")
+        }
+        other => panic!("expected an identity mismatch, got {other:?}"),
+    }
+    for garbage in [
+        &b"\xff\xfe"[..],
+        b"cluster.id=cluster-a\n",
+        b"node.id=x\ncluster.id=a\nformat.version=1",
+        b"nonsense",
+    ] {
+        std::fs::write(&path, garbage).unwrap();
+        let error = SledStore::open(dir.path(), CLUSTER, NODE).expect_err("garbage identity file");
+        assert!(error.to_string().contains(IDENTITY_FILE), "{error}");
+    }
+    std::fs::remove_file(&path).unwrap();
+    SledStore::open(dir.path(), CLUSTER, NODE).expect("a missing identity file is written again");
+    assert!(path.exists());
+}
+
+#[test]
+fn sled_a_cluster_id_that_cannot_be_stored_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in ["a\nnode.id=2", " padded", "tab\t"] {
+        assert!(
+            matches!(SledStore::open(dir.path(), bad, NODE), Err(StorageError::Invalid(_))),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn sled_reader_reads_from_another_thread() {
+    fn assert_send_sync<T: Clone + Send + Sync + 'static>() {}
+    assert_send_sync::<kraft::storage::SledReader>();
+
+    let mut fixture = sled_fixture();
+    append_all(&mut fixture.store, &[(2, 1), (2, 1), (2, 2)]);
+    let reader = fixture.store.reader();
+    let expected = fixture.store.read(0, 100, usize::MAX).unwrap();
+    let handle = std::thread::spawn(move || {
+        assert!(reader.read(Offset::MIN, Offset::MAX, 0).is_err());
+        assert!(reader.read(100, Offset::MAX, usize::MAX).unwrap().is_empty());
+        assert_eq!(bases(&reader.read(3, 5, 0).unwrap()), vec![2]);
+        reader.read(0, Offset::MAX, usize::MAX).unwrap()
+    });
+    assert_eq!(handle.join().unwrap(), expected);
+    // The reader sees later writes at once.
+    let reader = fixture.store.reader();
+    append_all(&mut fixture.store, &[(1, 3)]);
+    assert_eq!(bases(&reader.read(6, 7, usize::MAX).unwrap()), vec![6]);
+    fixture.store.truncate(2).unwrap();
+    assert_eq!(bases(&reader.read(0, 100, usize::MAX).unwrap()), vec![0]);
+}
+
+#[test]
+fn sled_reader_never_mixes_batches_from_before_and_after_a_truncation() {
+    // Each round truncates to 4 and writes [4, 10) again in a new epoch: a
+    // read from 4 that saw batches of two epochs would be a log that never
+    // existed.
+    let mut fixture = sled_fixture();
+    append_all(&mut fixture.store, &[(4, 1)]);
+    for _ in 0..3 {
+        append_all(&mut fixture.store, &[(2, 2)]);
+    }
+    let reader = fixture.store.reader();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reading = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let batches = reader.read(4, 10, usize::MAX).expect("read");
+                let epochs: Vec<Epoch> = batches.iter().map(|b| b.epoch).collect();
+                assert!(epochs.windows(2).all(|w| w[0] == w[1]), "mixed epochs {epochs:?}");
+                let mut next = 4;
+                for b in &batches {
+                    assert_eq!(b.base_offset, next, "not contiguous");
+                    next = b.next_offset();
+                }
+                reads += 1;
+            }
+            reads
+        })
+    };
+    for epoch in 3..303 {
+        fixture.store.truncate(4).unwrap();
+        for _ in 0..3 {
+            append_all(&mut fixture.store, &[(2, epoch)]);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reading.join().expect("reader thread");
+    assert!(reads > 0);
+}
+
+#[test]
+fn sled_large_batches_survive_reopen() {
+    // Batches of 300 KiB are above sled's blob threshold: they live in
+    // files under blobs/, which the store syncs at each flush.
+    let dir = tempfile::tempdir().unwrap();
+    let written = {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        for base in 0..3 {
+            store.append(&data_batch(base, 1, 1, 300 * 1024)).unwrap();
+        }
+        store.flush().unwrap();
+        assert!(
+            store.blob_sync_count() >= 3,
+            "blob files were synced: {}",
+            store.blob_sync_count()
+        );
+        store.read(0, 3, usize::MAX).unwrap()
+    };
+    let blobs = std::fs::read_dir(sled_dir(dir.path()).join("blobs")).unwrap().count();
+    assert!(blobs >= 3, "sled stored large values as blobs ({blobs} files)");
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_eq!(store.read(0, 3, usize::MAX).unwrap(), written);
+}
+
+// ---------------------------------------------------------------------------
+// SledStore durability: each durability point is an fdatasync of the file
+// sled writes into.
+
+#[test]
+fn sled_every_flush_and_election_write_fdatasyncs() {
+    let mut fixture = sled_fixture();
+    let store = &mut fixture.store;
+    let mut count = store.fsync_count();
+    assert!(count >= 1, "open makes the recovered store durable");
+    for round in 0..3 {
+        append_all(store, &[(1, 1)]);
+        store.flush().unwrap();
+        assert_eq!(store.fsync_count(), count + 1, "flush #{round}");
+        count += 1;
+        store.flush().unwrap();
+        assert_eq!(store.fsync_count(), count + 1, "an idle flush still syncs");
+        count += 1;
+        store
+            .write_election_state(&ElectionState::unattached(round + 1))
+            .unwrap();
+        assert_eq!(store.fsync_count(), count + 1, "election write #{round}");
+        count += 1;
+    }
+}
+
+#[test]
+fn sled_the_synced_file_is_the_file_sled_writes_the_log_into() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    let mut fixture = sled_fixture();
+    let store = &mut fixture.store;
+    let data_path = store.sled_dir().join("db");
+    let synced = store.data_file().metadata().unwrap();
+    let on_disk = std::fs::metadata(&data_path).unwrap();
+    assert_eq!(
+        (synced.dev(), synced.ino()),
+        (on_disk.dev(), on_disk.ino()),
+        "same inode as {}",
+        data_path.display()
+    );
+
+    // Appending grows that file, and the batch's bytes are in it.
+    let marker = b"kraft-storage-suite-marker-0123456789".repeat(4);
+    let before = std::fs::metadata(&data_path).unwrap().len();
+    for _ in 0..50 {
+        let base = store.end_offset();
+        store
+            .append(&Batch::new(
+                base,
+                1,
+                &[Record::Data(marker.clone()), Record::Data(vec![7; 2000])],
+            ))
+            .unwrap();
+    }
+    store.flush().unwrap();
+    let after = std::fs::metadata(&data_path).unwrap().len();
+    assert!(after > before, "the data file grew from {before} to {after} bytes");
+
+    let file = store.data_file();
+    let len = file.metadata().unwrap().len() as usize;
+    let mut contents = vec![0; len];
+    file.read_exact_at(&mut contents, 0).unwrap();
+    assert!(
+        contents.windows(marker.len()).any(|w| w == marker),
+        "the appended records are in the synced file"
+    );
+}
+
+/// Set by `sled_fdatasync_is_issued_under_strace` for its child process.
+const FSYNC_HELPER_ENV: &str = "KRAFT_STORAGE_FSYNC_HELPER_DIR";
+
+/// Child half of the strace test: does nothing unless the env var is set.
+#[test]
+fn sled_fsync_helper_child() {
+    let Ok(dir) = std::env::var(FSYNC_HELPER_ENV) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let mut store = SledStore::open(&dir, CLUSTER, NODE).unwrap();
+    append_all(&mut store, &[(3, 1)]);
+    store.flush().unwrap();
+    store.write_election_state(&ElectionState::unattached(1)).unwrap();
+    std::fs::write(dir.join("helper-done"), store.fsync_count().to_string()).unwrap();
+}
+
+#[test]
+fn sled_fdatasync_is_issued_under_strace() {
+    let has_strace = std::process::Command::new("which")
+        .arg("strace")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !has_strace {
+        println!("skipped: strace is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("node");
+    let trace = dir.path().join("strace.txt");
+    let output = std::process::Command::new("strace")
+        .args(["-f", "-y", "-qq", "-e", "trace=fdatasync,fsync", "-o"])
+        .arg(&trace)
+        .arg(std::env::current_exe().unwrap())
+        .args(["sled_fsync_helper_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env(FSYNC_HELPER_ENV, &data_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() && (stderr.contains("ptrace") || stderr.contains("Operation not permitted")) {
+        println!("skipped: strace cannot trace here: {stderr}");
+        return;
+    }
+    assert!(
+        output.status.success(),
+        "child failed: {stderr}\n{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let helper_count: u64 = std::fs::read_to_string(data_dir.join("helper-done"))
+        .expect("the helper ran")
+        .parse()
+        .unwrap();
+
+    let trace = std::fs::read_to_string(&trace).unwrap();
+    let data_file = format!("{}/db>", sled_dir(&data_dir).display());
+    let data_syncs = trace
+        .lines()
+        .filter(|l| l.contains("fdatasync(") && l.contains(&data_file) && l.contains("= 0"))
+        .count();
+    // open + flush + election write, as counted by the store itself.
+    assert_eq!(helper_count, 3);
+    assert!(
+        data_syncs as u64 >= helper_count,
+        "expected {helper_count} fdatasyncs of {data_file}, saw {data_syncs}:\n{trace}"
+    );
+}

@@ -1,0 +1,775 @@
+//! The raft transport over real sockets on 127.0.0.1: the inbound listener
+//! (`serve`) and the outbound `RequestManager`, against each other and
+//! against a raw TCP client that misbehaves.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use actix::prelude::*;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{timeout, Instant};
+
+use kraft::actors::request_manager::RequestManager;
+use kraft::actors::transport::{serve, RaftServer};
+use kraft::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
+use kraft::messages::codec::{self, Body, Envelope, WIRE_VERSION};
+use kraft::messages::rpc::*;
+use kraft::raft::NodeId;
+
+const CLUSTER: &str = "test-cluster";
+const SERVER_ID: NodeId = 1;
+const CLIENT_ID: NodeId = 2;
+const MAX_FRAME_BYTES: u64 = 1024 * 1024;
+/// Upper bound on any single wait in these tests.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+// ---------------------------------------------------------------------------
+// No panics anywhere (a panic in a spawned task would not fail the test by
+// itself): every test installs this hook once and checks the count at its end.
+
+static PANICS: AtomicUsize = AtomicUsize::new(0);
+
+fn count_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+            default(info);
+        }));
+    });
+}
+
+fn assert_no_panics() {
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0, "a task panicked");
+}
+
+// ---------------------------------------------------------------------------
+// A handler standing in for the QuorumState actor.
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Answer every request at once.
+    Answer,
+    /// Hold Fetch requests until `ReleaseHeld`; answer the rest at once.
+    HoldFetches,
+    /// Hold every request (keeping the reply sender alive) and never answer.
+    Never,
+}
+
+struct TestHandler {
+    mode: Mode,
+    held: Vec<(RaftRequest, oneshot::Sender<RaftResponse>)>,
+    received: Arc<AtomicUsize>,
+}
+
+impl Actor for TestHandler {
+    type Context = Context<Self>;
+}
+
+impl Handler<InboundRequest> for TestHandler {
+    type Result = ();
+
+    fn handle(&mut self, msg: InboundRequest, _ctx: &mut Self::Context) {
+        assert_eq!(msg.from, CLIENT_ID, "the envelope's source id reaches the handler");
+        self.received.fetch_add(1, Ordering::SeqCst);
+        let hold = match self.mode {
+            Mode::Answer => false,
+            Mode::HoldFetches => matches!(msg.request, RaftRequest::Fetch(_)),
+            Mode::Never => true,
+        };
+        if hold {
+            self.held.push((msg.request, msg.reply));
+        } else {
+            let _ = msg.reply.send(answer(&msg.request));
+        }
+    }
+}
+
+/// Answers every held request, in arrival order.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ReleaseHeld;
+
+impl Handler<ReleaseHeld> for TestHandler {
+    type Result = ();
+
+    fn handle(&mut self, _msg: ReleaseHeld, _ctx: &mut Self::Context) {
+        for (request, reply) in self.held.drain(..) {
+            let _ = reply.send(answer(&request));
+        }
+    }
+}
+
+/// A response that echoes something of its request, so tests can tell
+/// which request a response belongs to.
+fn answer(request: &RaftRequest) -> RaftResponse {
+    match request {
+        RaftRequest::Vote(vote) => RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: vote.epoch,
+            leader_id: None,
+            vote_granted: true,
+            pre_vote: vote.pre_vote,
+        }),
+        RaftRequest::Fetch(fetch) => RaftResponse::Fetch(FetchResponse {
+            error: ErrorCode::None,
+            epoch: fetch.current_epoch,
+            leader_id: Some(SERVER_ID),
+            high_watermark: fetch.fetch_offset,
+            log_start_offset: 0,
+            diverging_epoch: None,
+            snapshot_id: None,
+            batches: Vec::new(),
+        }),
+        RaftRequest::BeginQuorumEpoch(begin) => RaftResponse::BeginQuorumEpoch(QuorumEpochResponse {
+            error: ErrorCode::None,
+            epoch: begin.epoch,
+            leader_id: Some(begin.leader_id),
+        }),
+        _ => RaftResponse::Error(ErrorCode::InvalidRequest),
+    }
+}
+
+fn vote(epoch: i32) -> RaftRequest {
+    RaftRequest::Vote(VoteRequest {
+        epoch,
+        candidate_id: CLIENT_ID,
+        last_epoch: 0,
+        last_epoch_end_offset: 0,
+        pre_vote: false,
+    })
+}
+
+fn fetch(offset: i64) -> RaftRequest {
+    RaftRequest::Fetch(FetchRequest {
+        replica_id: CLIENT_ID,
+        current_epoch: 1,
+        fetch_offset: offset,
+        last_fetched_epoch: 0,
+        max_wait_ms: 500,
+        max_bytes: 1024,
+    })
+}
+
+fn granted_vote(epoch: i32) -> RaftResponse {
+    answer(&vote(epoch))
+}
+
+struct TestServer {
+    server: RaftServer,
+    handler: Addr<TestHandler>,
+    received: Arc<AtomicUsize>,
+}
+
+impl TestServer {
+    fn addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// Waits until the handler has received `count` requests in all.
+    async fn wait_received(&self, count: usize) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.received.load(Ordering::SeqCst) < count {
+            assert!(
+                Instant::now() < deadline,
+                "the handler did not receive {count} requests"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+async fn start_server(mode: Mode) -> TestServer {
+    start_server_at("127.0.0.1:0".parse().unwrap(), mode).await.unwrap()
+}
+
+async fn start_server_as(local_id: NodeId, mode: Mode) -> TestServer {
+    start_server_with("127.0.0.1:0".parse().unwrap(), local_id, mode)
+        .await
+        .unwrap()
+}
+
+async fn start_server_at(addr: SocketAddr, mode: Mode) -> std::io::Result<TestServer> {
+    start_server_with(addr, SERVER_ID, mode).await
+}
+
+async fn start_server_with(addr: SocketAddr, local_id: NodeId, mode: Mode) -> std::io::Result<TestServer> {
+    let received = Arc::new(AtomicUsize::new(0));
+    let handler = TestHandler {
+        mode,
+        held: Vec::new(),
+        received: received.clone(),
+    }
+    .start();
+    let server = serve(
+        addr,
+        CLUSTER.to_string(),
+        local_id,
+        MAX_FRAME_BYTES,
+        handler.clone().recipient(),
+    )
+    .await?;
+    Ok(TestServer {
+        server,
+        handler,
+        received,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The outcome side: an actor that forwards every RequestOutcome to the test.
+
+struct Collector(mpsc::UnboundedSender<RequestOutcome>);
+
+impl Actor for Collector {
+    type Context = Context<Self>;
+}
+
+impl Handler<RequestOutcome> for Collector {
+    type Result = ();
+
+    fn handle(&mut self, msg: RequestOutcome, _ctx: &mut Self::Context) {
+        let _ = self.0.send(msg);
+    }
+}
+
+struct Client {
+    manager: Addr<RequestManager>,
+    outcomes: mpsc::UnboundedReceiver<RequestOutcome>,
+}
+
+impl Client {
+    fn start(cluster_id: &str, voters: &[(NodeId, SocketAddr)], request_timeout_ms: u64) -> Client {
+        let (tx, outcomes) = mpsc::unbounded_channel();
+        let collector = Collector(tx).start();
+        let voters: BTreeMap<NodeId, String> = voters.iter().map(|(id, addr)| (*id, addr.to_string())).collect();
+        let manager = RequestManager::new(
+            CLIENT_ID,
+            cluster_id.to_string(),
+            voters,
+            request_timeout_ms,
+            MAX_FRAME_BYTES,
+            collector.recipient(),
+        )
+        .start();
+        Client { manager, outcomes }
+    }
+
+    async fn send(&self, to: NodeId, correlation_id: u64, request: RaftRequest) {
+        self.manager
+            .send(SendRequest {
+                to,
+                correlation_id,
+                request,
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn next(&mut self) -> RequestOutcome {
+        timeout(PATIENCE, self.outcomes.recv())
+            .await
+            .expect("an outcome within the patience")
+            .expect("the collector is alive")
+    }
+
+    /// Asserts no further outcome arrives for a while (exactly-once).
+    async fn assert_quiet(&mut self, wait: Duration) {
+        if let Ok(Some(extra)) = timeout(wait, self.outcomes.recv()).await {
+            panic!("unexpected extra outcome: {extra:?}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A raw TCP client, to send what a well-behaved peer never would.
+
+fn frame(cluster_id: &str, correlation_id: u64, body: Body) -> Vec<u8> {
+    codec::encode_frame(&Envelope {
+        version: WIRE_VERSION,
+        source_id: CLIENT_ID,
+        correlation_id,
+        cluster_id: cluster_id.to_string(),
+        body,
+    })
+}
+
+async fn connect(addr: SocketAddr) -> TcpStream {
+    timeout(PATIENCE, TcpStream::connect(addr)).await.unwrap().unwrap()
+}
+
+async fn read_envelope(stream: &mut TcpStream) -> Envelope {
+    let mut prefix = [0u8; 4];
+    timeout(PATIENCE, stream.read_exact(&mut prefix))
+        .await
+        .expect("a response in time")
+        .unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(prefix) as usize];
+    timeout(PATIENCE, stream.read_exact(&mut body)).await.unwrap().unwrap();
+    codec::decode_frame(&body, MAX_FRAME_BYTES).unwrap()
+}
+
+/// Sends a good request on `stream` and checks its answer.
+async fn assert_serves(stream: &mut TcpStream, correlation_id: u64) {
+    stream
+        .write_all(&frame(CLUSTER, correlation_id, Body::Request(vote(5))))
+        .await
+        .unwrap();
+    let envelope = read_envelope(stream).await;
+    assert_eq!(envelope.correlation_id, correlation_id);
+    assert_eq!(envelope.source_id, SERVER_ID);
+    assert_eq!(envelope.cluster_id, CLUSTER);
+    assert_eq!(envelope.body, Body::Response(granted_vote(5)));
+}
+
+/// Asserts the server closes `stream` (EOF or reset) without answering.
+async fn assert_closed_by_server(stream: &mut TcpStream) {
+    let mut buf = [0u8; 64];
+    match timeout(PATIENCE, stream.read(&mut buf)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => {}
+        Ok(Ok(n)) => panic!("expected the connection closed, got {n} bytes"),
+        Err(_) => panic!("the server did not close the connection"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Through serve + RequestManager.
+
+#[actix_rt::test]
+async fn round_trip_through_serve_and_request_manager() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    let mut client = Client::start(CLUSTER, &[(SERVER_ID, server.addr())], 2000);
+
+    client.send(SERVER_ID, 7, vote(3)).await;
+    let outcome = client.next().await;
+    assert_eq!(outcome.from, SERVER_ID);
+    assert_eq!(outcome.correlation_id, 7);
+    assert_eq!(outcome.result, Ok(granted_vote(3)));
+
+    // The connection is reused for the next requests.
+    for correlation_id in 8..20 {
+        client
+            .send(SERVER_ID, correlation_id, fetch(correlation_id as i64))
+            .await;
+        let outcome = client.next().await;
+        assert_eq!(outcome.correlation_id, correlation_id);
+        assert_eq!(outcome.result, Ok(answer(&fetch(correlation_id as i64))));
+    }
+    assert_eq!(server.received.load(Ordering::SeqCst), 13);
+    client.assert_quiet(Duration::from_millis(100)).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn many_requests_in_flight_on_one_connection_each_get_one_outcome() {
+    count_panics();
+    let server = start_server(Mode::HoldFetches).await;
+    let mut client = Client::start(CLUSTER, &[(SERVER_ID, server.addr())], 5000);
+
+    let count = 200u64;
+    for correlation_id in 0..count {
+        client
+            .send(SERVER_ID, correlation_id, fetch(correlation_id as i64))
+            .await;
+    }
+    server.wait_received(count as usize).await;
+    server.handler.send(ReleaseHeld).await.unwrap();
+    let mut seen = BTreeSet::new();
+    for _ in 0..count {
+        let outcome = client.next().await;
+        assert_eq!(outcome.result, Ok(answer(&fetch(outcome.correlation_id as i64))));
+        assert!(
+            seen.insert(outcome.correlation_id),
+            "two outcomes for {}",
+            outcome.correlation_id
+        );
+    }
+    client.assert_quiet(Duration::from_millis(100)).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_parked_fetch_does_not_block_a_later_vote() {
+    count_panics();
+    let server = start_server(Mode::HoldFetches).await;
+    let mut client = Client::start(CLUSTER, &[(SERVER_ID, server.addr())], 5000);
+
+    client.send(SERVER_ID, 1, fetch(10)).await;
+    client.send(SERVER_ID, 2, vote(4)).await;
+    let first = client.next().await;
+    assert_eq!(
+        first.correlation_id, 2,
+        "the vote is answered while the fetch is parked"
+    );
+    assert_eq!(first.result, Ok(granted_vote(4)));
+
+    server.handler.send(ReleaseHeld).await.unwrap();
+    let second = client.next().await;
+    assert_eq!(second.correlation_id, 1);
+    assert_eq!(second.result, Ok(answer(&fetch(10))));
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn out_of_order_answers_on_one_raw_connection() {
+    count_panics();
+    let server = start_server(Mode::HoldFetches).await;
+    let mut stream = connect(server.addr()).await;
+
+    let mut both = frame(CLUSTER, 100, Body::Request(fetch(3)));
+    both.extend(frame(CLUSTER, 101, Body::Request(vote(9))));
+    stream.write_all(&both).await.unwrap();
+
+    let first = read_envelope(&mut stream).await;
+    assert_eq!(first.correlation_id, 101);
+    assert_eq!(first.body, Body::Response(granted_vote(9)));
+    server.handler.send(ReleaseHeld).await.unwrap();
+    let second = read_envelope(&mut stream).await;
+    assert_eq!(second.correlation_id, 100);
+    assert_eq!(second.body, Body::Response(answer(&fetch(3))));
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_request_the_handler_never_answers_times_out() {
+    count_panics();
+    let server = start_server(Mode::Never).await;
+    let mut client = Client::start(CLUSTER, &[(SERVER_ID, server.addr())], 300);
+
+    let started = Instant::now();
+    client.send(SERVER_ID, 5, vote(1)).await;
+    let outcome = client.next().await;
+    assert_eq!(outcome.correlation_id, 5);
+    assert_eq!(outcome.result, Err(TransportError::Timeout(SERVER_ID)));
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(290), "timed out early: {elapsed:?}");
+    assert!(elapsed < Duration::from_millis(2000), "timed out late: {elapsed:?}");
+    client.assert_quiet(Duration::from_millis(200)).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn connecting_to_a_closed_port_fails_with_connect() {
+    count_panics();
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let mut client = Client::start(CLUSTER, &[(3, closed)], 2000);
+
+    client.send(3, 11, vote(1)).await;
+    let outcome = client.next().await;
+    assert_eq!(outcome.from, 3);
+    assert_eq!(outcome.correlation_id, 11);
+    assert!(
+        matches!(outcome.result, Err(TransportError::Connect(3, _))),
+        "{:?}",
+        outcome.result
+    );
+
+    // The next request tries again, and fails the same way.
+    client.send(3, 12, vote(1)).await;
+    let outcome = client.next().await;
+    assert_eq!(outcome.correlation_id, 12);
+    assert!(
+        matches!(outcome.result, Err(TransportError::Connect(3, _))),
+        "{:?}",
+        outcome.result
+    );
+    client.assert_quiet(Duration::from_millis(100)).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_node_outside_the_voter_set_is_unknown() {
+    count_panics();
+    let mut client = Client::start(CLUSTER, &[], 2000);
+    client.send(9, 1, vote(1)).await;
+    let outcome = client.next().await;
+    assert_eq!(outcome.from, 9);
+    assert_eq!(outcome.correlation_id, 1);
+    assert_eq!(outcome.result, Err(TransportError::UnknownNode(9)));
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn losing_the_connection_fails_requests_in_flight_and_the_next_request_reconnects() {
+    count_panics();
+    let server = start_server(Mode::Never).await;
+    let addr = server.addr();
+    let mut client = Client::start(CLUSTER, &[(SERVER_ID, addr)], 5000);
+
+    client.send(SERVER_ID, 1, vote(1)).await;
+    client.send(SERVER_ID, 2, fetch(0)).await;
+    server.wait_received(2).await;
+    server.server.shutdown();
+    let mut failed = BTreeSet::new();
+    for _ in 0..2 {
+        let outcome = client.next().await;
+        assert!(
+            matches!(outcome.result, Err(TransportError::Disconnected(SERVER_ID, _))),
+            "{:?}",
+            outcome.result
+        );
+        failed.insert(outcome.correlation_id);
+    }
+    assert_eq!(failed, BTreeSet::from([1, 2]));
+    drop(server);
+
+    // A new server on the same address; the next request reconnects.
+    let mut restarted = None;
+    for _ in 0..100 {
+        match start_server_at(addr, Mode::Answer).await {
+            Ok(server) => {
+                restarted = Some(server);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    let _restarted = restarted.expect("the address can be bound again");
+    client.send(SERVER_ID, 3, vote(2)).await;
+    let outcome = client.next().await;
+    assert_eq!(outcome.correlation_id, 3);
+    assert_eq!(outcome.result, Ok(granted_vote(2)));
+    client.assert_quiet(Duration::from_millis(100)).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_different_node_at_the_voter_endpoint_is_refused() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    // We believe node 4 listens where node 1 does.
+    let mut client = Client::start(CLUSTER, &[(4, server.addr())], 2000);
+    client.send(4, 1, vote(1)).await;
+    let outcome = client.next().await;
+    assert!(
+        matches!(outcome.result, Err(TransportError::Disconnected(4, _))),
+        "{:?}",
+        outcome.result
+    );
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_request_manager_of_another_cluster_gets_inconsistent_cluster_id() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    let mut client = Client::start("another-cluster", &[(SERVER_ID, server.addr())], 2000);
+    client.send(SERVER_ID, 1, vote(1)).await;
+    let outcome = client.next().await;
+    assert_eq!(
+        outcome.result,
+        Ok(RaftResponse::Error(ErrorCode::InconsistentClusterId))
+    );
+    assert_eq!(server.received.load(Ordering::SeqCst), 0, "the handler never sees it");
+    assert_no_panics();
+}
+
+// ---------------------------------------------------------------------------
+// Raw peers that misbehave: each bad connection is closed, the server
+// keeps serving the others.
+
+#[actix_rt::test]
+async fn wrong_cluster_id_is_answered_and_the_connection_stays_open() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    let mut stream = connect(server.addr()).await;
+
+    stream
+        .write_all(&frame("other-cluster", 42, Body::Request(vote(1))))
+        .await
+        .unwrap();
+    let envelope = read_envelope(&mut stream).await;
+    assert_eq!(envelope.correlation_id, 42);
+    assert_eq!(
+        envelope.body,
+        Body::Response(RaftResponse::Error(ErrorCode::InconsistentClusterId))
+    );
+    assert_eq!(server.received.load(Ordering::SeqCst), 0);
+
+    assert_serves(&mut stream, 43).await;
+    assert_no_panics();
+}
+
+/// Opens a bystander connection, sends `bad` on another one, and checks the
+/// bad one is closed while the bystander and new connections are served.
+async fn assert_bad_input_closes_only_its_connection(server: &TestServer, bad: &[u8], half_close: bool) {
+    let mut bystander = connect(server.addr()).await;
+    assert_serves(&mut bystander, 1).await;
+
+    let mut offender = connect(server.addr()).await;
+    offender.write_all(bad).await.unwrap();
+    if half_close {
+        offender.shutdown().await.unwrap();
+    }
+    assert_closed_by_server(&mut offender).await;
+
+    assert_serves(&mut bystander, 2).await;
+    let mut newcomer = connect(server.addr()).await;
+    assert_serves(&mut newcomer, 3).await;
+}
+
+#[actix_rt::test]
+async fn random_garbage_closes_only_that_connection() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    for seed in 0..20u64 {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let len = rng.gen_range(4..4096);
+        let garbage: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        // Half-close so that a prefix claiming more bytes than were sent ends
+        // as a truncated frame instead of a wait for the rest.
+        assert_bad_input_closes_only_its_connection(&server, &garbage, true).await;
+    }
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_well_framed_undecodable_body_closes_only_that_connection() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    for seed in 0..20u64 {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let len = rng.gen_range(0..512u32);
+        let mut bad = len.to_be_bytes().to_vec();
+        bad.extend((0..len).map(|_| rng.gen::<u8>()));
+        // No half-close: the server must close on its own.
+        assert_bad_input_closes_only_its_connection(&server, &bad, false).await;
+    }
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_length_prefix_above_max_frame_bytes_closes_only_that_connection() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    for len in [MAX_FRAME_BYTES + 1, u32::MAX as u64] {
+        let mut bad = (len as u32).to_be_bytes().to_vec();
+        bad.extend_from_slice(&[0u8; 16]);
+        // No half-close: the prefix alone must be refused.
+        assert_bad_input_closes_only_its_connection(&server, &bad, false).await;
+    }
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_truncated_frame_closes_only_that_connection() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    let good = frame(CLUSTER, 9, Body::Request(vote(1)));
+    // Cut inside the body, and inside the length prefix.
+    assert_bad_input_closes_only_its_connection(&server, &good[..good.len() - 3], true).await;
+    assert_bad_input_closes_only_its_connection(&server, &good[..2], true).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_response_sent_to_the_listener_closes_only_that_connection() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    let bad = frame(CLUSTER, 1, Body::Response(granted_vote(1)));
+    assert_bad_input_closes_only_its_connection(&server, &bad, false).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_bad_frame_after_good_ones_closes_the_connection() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    let mut stream = connect(server.addr()).await;
+    assert_serves(&mut stream, 1).await;
+    stream.write_all(&[0, 0, 0, 3, 1, 2, 3]).await.unwrap();
+    assert_closed_by_server(&mut stream).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn shutdown_stops_accepting_and_closes_connections() {
+    count_panics();
+    let server = start_server(Mode::Answer).await;
+    let addr = server.addr();
+    let mut open = connect(addr).await;
+    assert_serves(&mut open, 1).await;
+
+    server.server.shutdown();
+    assert_closed_by_server(&mut open).await;
+    // Give the accept loop a poll to drop the listener, then check nobody is served.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    if let Ok(Ok(mut late)) = timeout(PATIENCE, TcpStream::connect(addr)).await {
+        let _ = late.write_all(&frame(CLUSTER, 2, Body::Request(vote(1)))).await;
+        assert_closed_by_server(&mut late).await;
+    }
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_peer_that_half_closes_still_gets_its_answers() {
+    count_panics();
+    let server = start_server(Mode::HoldFetches).await;
+    let mut stream = connect(server.addr()).await;
+    let mut both = frame(CLUSTER, 1, Body::Request(fetch(1)));
+    both.extend(frame(CLUSTER, 2, Body::Request(vote(1))));
+    stream.write_all(&both).await.unwrap();
+    stream.shutdown().await.unwrap();
+
+    assert_eq!(read_envelope(&mut stream).await.correlation_id, 2);
+    server.handler.send(ReleaseHeld).await.unwrap();
+    assert_eq!(read_envelope(&mut stream).await.correlation_id, 1);
+    assert_closed_by_server(&mut stream).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_correlation_id_already_in_flight_is_refused_and_the_first_request_kept() {
+    count_panics();
+    let server = start_server(Mode::HoldFetches).await;
+    let mut client = Client::start(CLUSTER, &[(SERVER_ID, server.addr())], 5000);
+
+    client.send(SERVER_ID, 1, fetch(5)).await;
+    client.send(SERVER_ID, 1, vote(1)).await;
+    let refused = client.next().await;
+    assert_eq!(refused.correlation_id, 1);
+    assert!(
+        matches!(refused.result, Err(TransportError::Disconnected(SERVER_ID, _))),
+        "{:?}",
+        refused.result
+    );
+
+    server.wait_received(1).await;
+    server.handler.send(ReleaseHeld).await.unwrap();
+    let answered = client.next().await;
+    assert_eq!(answered.correlation_id, 1);
+    assert_eq!(answered.result, Ok(answer(&fetch(5))));
+    client.assert_quiet(Duration::from_millis(100)).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn each_destination_gets_its_own_connection() {
+    count_panics();
+    let answering = start_server_as(3, Mode::Answer).await;
+    let silent = start_server_as(4, Mode::Never).await;
+    let mut client = Client::start(CLUSTER, &[(3, answering.addr()), (4, silent.addr())], 300);
+
+    client.send(4, 1, vote(1)).await;
+    client.send(3, 2, vote(2)).await;
+    // The silent node does not hold up the other node's answer.
+    let first = client.next().await;
+    assert_eq!((first.from, first.correlation_id), (3, 2));
+    assert_eq!(first.result, Ok(granted_vote(2)));
+    let second = client.next().await;
+    assert_eq!((second.from, second.correlation_id), (4, 1));
+    assert_eq!(second.result, Err(TransportError::Timeout(4)));
+    client.assert_quiet(Duration::from_millis(100)).await;
+    assert_no_panics();
+}
