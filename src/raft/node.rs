@@ -816,15 +816,15 @@ impl RaftNode {
         ElectionRound {
             granted: BTreeSet::from([me]),
             rejected: BTreeSet::new(),
-            retry_at_ms: self
-                .config
-                .voters
-                .keys()
-                .filter(|id| **id != me)
-                .map(|id| (*id, self.now_ms))
-                .collect(),
+            retry_at_ms: self.other_voters_due_now(),
             election_deadline_ms: self.now_ms + self.random_election_timeout(),
         }
+    }
+
+    /// Every other voter, each due for a request now.
+    fn other_voters_due_now(&self) -> BTreeMap<NodeId, u64> {
+        let me = self.config.node_id;
+        self.config.voters.keys().filter(|id| **id != me).map(|id| (*id, self.now_ms)).collect()
     }
 
     fn new_follower(&mut self, leader_id: NodeId) -> FollowerState {
@@ -838,18 +838,11 @@ impl RaftNode {
     }
 
     fn new_resigned(&mut self, preferred_successors: Vec<NodeId>) -> ResignedState {
-        let me = self.config.node_id;
         ResignedState {
             election_deadline_ms: self.now_ms + self.random_election_timeout(),
             preferred_successors,
             acked: BTreeSet::new(),
-            retry_at_ms: self
-                .config
-                .voters
-                .keys()
-                .filter(|id| **id != me)
-                .map(|id| (*id, self.now_ms))
-                .collect(),
+            retry_at_ms: self.other_voters_due_now(),
             campaign_at_once: false,
         }
     }
