@@ -27,15 +27,19 @@
 use std::collections::HashMap;
 
 use actix::prelude::*;
+use std::time::Duration;
+
 use tracing::{debug, error, warn};
 
-use crate::actors::log_appender::LogAppender;
+use crate::actors::log_appender::{AppenderError, LogAppender};
 use crate::messages::Record;
 use crate::node::{Committed, CommittedRecord, LeaderChanged, Listener};
 use crate::raft::{Epoch, NodeId, Offset, RoleInfo, RoleKind};
 
 /// Most bytes read for one delivery.
 pub const MAX_DELIVERY_BYTES: usize = 1024 * 1024;
+/// Wait before retrying a read the storage thread had no room for.
+const OVERLOAD_RETRY_MS: u64 = 20;
 /// Most listeners registered at once.
 pub const MAX_LISTENERS: usize = 1024;
 
@@ -166,6 +170,18 @@ impl MetadataListeners {
                         }
                     }
                 }));
+            }
+            Err(AppenderError::Overloaded(behind)) => {
+                // A busy storage thread is no reason to give up on a
+                // listener: try again shortly.
+                debug!(listener = id, behind, "storage busy; delivery retried");
+                state.busy = true;
+                ctx.run_later(Duration::from_millis(OVERLOAD_RETRY_MS), move |act, ctx| {
+                    if let Some(state) = act.listeners.get_mut(&id) {
+                        state.busy = false;
+                    }
+                    act.pump(id, ctx);
+                });
             }
             Err(e) => {
                 warn!(listener = id, "cannot read committed records: {e}");

@@ -53,6 +53,8 @@ const MAX_INBOUND_PENDING: usize = 65_536;
 const INBOUND_SWEEP_INTERVAL_MS: u64 = 1_000;
 /// How often the high-watermark hint is passed to the store.
 const HW_HINT_INTERVAL_MS: u64 = 1_000;
+/// Longest queue of client log reads on the storage thread.
+const MAX_CLIENT_READS: usize = 32;
 /// Longest a graceful shutdown waits for its EndQuorumEpoch sends.
 pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
 /// Most bytes one `read_committed` call reads.
@@ -194,6 +196,11 @@ pub struct QuorumState {
     last_sweep_ms: u64,
     /// The armed timer: (deadline, handle).
     timer: Option<(u64, SpawnHandle)>,
+    /// Storage events held back while a `PersistElection` is pending.
+    deferred: VecDeque<StorageEvent>,
+    /// Client reads (`GET /v1/log`) queued on the storage thread. Bounded,
+    /// so clients can never fill the queue the log's own writes need.
+    client_reads: usize,
     /// The high watermark of the last *executed* HighWatermark action: the
     /// appends it covers were queued to storage before it.
     executed_high_watermark: Offset,
@@ -230,6 +237,8 @@ impl QuorumState {
             next_request_id: 1,
             last_sweep_ms: 0,
             timer: None,
+            deferred: VecDeque::new(),
+            client_reads: 0,
             executed_high_watermark: log_start,
             last_hint: log_start,
             last_hint_ms: 0,
@@ -296,7 +305,10 @@ impl QuorumState {
                     // the actions run after it, with nothing in between.
                     ctx.wait(
                         wrap_future::<_, Self>(durable).map(move |result, act, ctx| match result {
-                            Ok(()) => act.execute(actions, ctx),
+                            Ok(()) => {
+                                act.execute(actions, ctx);
+                                act.run_deferred(ctx);
+                            }
                             Err(_) => act.fatal(ctx, format!("election state {state:?} was not made durable")),
                         }),
                     );
@@ -476,6 +488,11 @@ impl QuorumState {
         }
         let handle = ctx.run_later(Duration::from_millis(deadline - now), |act, ctx| {
             act.timer = None;
+            if ctx.waiting() {
+                // actix runs timers even while `ctx.wait` holds the mailbox;
+                // the wait's continuation re-arms the timer.
+                return;
+            }
             act.tick();
             act.drive(ctx);
         });
@@ -586,6 +603,10 @@ impl QuorumState {
             Err(AppendError::Unavailable(reason)) if self.shutting_down.is_some() || self.is_stopping() => {
                 debug!("refusing a forwarded append: {reason}");
                 let _ = reply.send(answer(AppendResponse::NotLeader { leader_id: None }));
+                return;
+            }
+            Err(AppendError::Unavailable(reason)) => {
+                let _ = reply.send(answer(AppendResponse::Unavailable { reason }));
                 return;
             }
             Err(e) => {
@@ -778,8 +799,17 @@ impl Actor for QuorumState {
     }
 }
 
-impl StreamHandler<StorageEvent> for QuorumState {
-    fn handle(&mut self, event: StorageEvent, ctx: &mut Self::Context) {
+impl QuorumState {
+    /// Storage events that arrived while a `PersistElection` held the actor,
+    /// handled once it is durable and the actions after it have run.
+    fn run_deferred(&mut self, ctx: &mut Context<Self>) {
+        while !ctx.waiting() {
+            let Some(event) = self.deferred.pop_front() else { break };
+            self.on_storage_event(event, ctx);
+        }
+    }
+
+    fn on_storage_event(&mut self, event: StorageEvent, ctx: &mut Context<Self>) {
         match event {
             StorageEvent::Flushed { durable_end, mutations } => {
                 let now = self.tick();
@@ -789,6 +819,19 @@ impl StreamHandler<StorageEvent> for QuorumState {
             }
             StorageEvent::Failed(reason) => self.fatal(ctx, reason),
         }
+    }
+}
+
+impl StreamHandler<StorageEvent> for QuorumState {
+    fn handle(&mut self, event: StorageEvent, ctx: &mut Self::Context) {
+        // actix polls streams even while `ctx.wait` holds the mailbox; an
+        // event handled now would run engine actions ahead of the held ones
+        // (before the election state they follow is durable).
+        if ctx.waiting() || !self.deferred.is_empty() {
+            self.deferred.push_back(event);
+            return;
+        }
+        self.on_storage_event(event, ctx);
     }
 
     fn finished(&mut self, ctx: &mut Self::Context) {
@@ -899,14 +942,29 @@ impl Handler<ReadCommitted> for QuorumState {
         if from >= high_watermark || max == 0 {
             return Box::pin(ready(Ok(empty)));
         }
+        if self.client_reads >= MAX_CLIENT_READS {
+            return Box::pin(ready(Err(NodeError(format!(
+                "{MAX_CLIENT_READS} log reads are already in progress; try again"
+            )))));
+        }
         let batches = match self.appender.read(from, high_watermark, READ_COMMITTED_MAX_BYTES) {
             Ok(batches) => batches,
             Err(e) => return Box::pin(ready(Err(NodeError(format!("cannot read the log: {e}"))))),
         };
+        // The read stays counted until the storage thread has answered it,
+        // even if the client goes away first.
+        self.client_reads += 1;
+        let (tx, rx) = oneshot::channel();
+        ctx.spawn(wrap_future::<_, Self>(batches).map(move |result, act, _ctx| {
+            act.client_reads -= 1;
+            let _ = tx.send(result);
+        }));
         Box::pin(async move {
-            let batches = batches
+            let batches = rx
                 .await
-                .map_err(|_| NodeError("the storage thread stopped".into()))?;
+                .ok()
+                .and_then(Result::ok)
+                .ok_or_else(|| NodeError("the storage thread stopped".into()))?;
             let records = committed_entries(&batches, from, high_watermark, max)?;
             Ok(LogPage {
                 high_watermark,
@@ -1059,6 +1117,7 @@ impl AppendForwarder {
                 Err(AppendError::OutcomeUnknown(reason))
             }
             Ok(RaftResponse::Append(AppendResponse::Rejected { reason })) => Err(AppendError::Rejected(reason)),
+            Ok(RaftResponse::Append(AppendResponse::Unavailable { reason })) => Err(AppendError::Unavailable(reason)),
             // Refused before it reached the leader's protocol: nothing written.
             Ok(RaftResponse::Error(ErrorCode::BrokerNotAvailable)) => Err(self.not_leader(None)),
             Ok(RaftResponse::Error(code)) => Err(AppendError::Rejected(format!(

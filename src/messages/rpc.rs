@@ -180,6 +180,9 @@ pub enum AppendResponse {
     OutcomeUnknown { reason: String },
     /// The request was refused (empty, too large).
     Rejected { reason: String },
+    /// The leader cannot take writes right now (overloaded, shutting down);
+    /// nothing was written and the caller may retry.
+    Unavailable { reason: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

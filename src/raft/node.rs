@@ -288,6 +288,9 @@ impl Role {
     }
 }
 
+/// Most observers a leader tracks at once.
+pub const MAX_OBSERVERS: usize = 1024;
+
 /// Kafka's base for election backoff (`RETRY_BACKOFF_BASE_MS`).
 const ELECTION_BACKOFF_BASE_MS: u64 = 100;
 
@@ -824,7 +827,12 @@ impl RaftNode {
     /// Every other voter, each due for a request now.
     fn other_voters_due_now(&self) -> BTreeMap<NodeId, u64> {
         let me = self.config.node_id;
-        self.config.voters.keys().filter(|id| **id != me).map(|id| (*id, self.now_ms)).collect()
+        self.config
+            .voters
+            .keys()
+            .filter(|id| **id != me)
+            .map(|id| (*id, self.now_ms))
+            .collect()
     }
 
     fn new_follower(&mut self, leader_id: NodeId) -> FollowerState {
@@ -1547,6 +1555,14 @@ impl RaftNode {
                 read: None,
             });
             return;
+        }
+        // Observers are whoever fetches; bound how many a leader tracks (and
+        // parks fetches for) so that unknown peers cannot grow it for ever.
+        if let Role::Leader(leader) = &self.role {
+            let known = leader.voters.contains_key(&replica) || leader.observers.contains_key(&replica);
+            if !known && leader.observers.len() >= MAX_OBSERVERS {
+                return reply_error(self, ErrorCode::BrokerNotAvailable);
+            }
         }
         // A valid position: it is the replica's log end (durable for voters).
         let now = self.now_ms;

@@ -1551,3 +1551,25 @@ fn divergence_in_an_epoch_we_do_not_hold_cuts_only_above_our_older_epoch() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_leader_tracks_a_bounded_number_of_observers() {
+    let (mut node, now) = elect_leader();
+    node.on_flushed(now, 1);
+    for id in 0..node::MAX_OBSERVERS as NodeId {
+        node.handle_request(now, 100 + id, id as u64, fetch_req(100 + id, 1, 0, 0, 0));
+    }
+    node.take_actions();
+    node.handle_request(now, 5000, 1, fetch_req(5000, 1, 0, 0, 0));
+    match responses(&node.take_actions()).last() {
+        Some(RaftResponse::Fetch(f)) => assert_eq!(f.error, ErrorCode::BrokerNotAvailable),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(node.describe(now).observers.len(), node::MAX_OBSERVERS);
+    // A voter is always served.
+    node.handle_request(now, 2, 2, fetch_req(2, 1, 1, 1, 0));
+    match responses(&node.take_actions()).last() {
+        Some(RaftResponse::Fetch(f)) => assert_eq!(f.error, ErrorCode::None),
+        other => panic!("{other:?}"),
+    }
+}
