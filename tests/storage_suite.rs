@@ -1088,7 +1088,9 @@ fn sled_fdatasync_is_issued_under_strace() {
         .filter(|l| l.contains("fdatasync(") && l.contains(&data_file))
         .count();
     assert!(
-        !trace.lines().any(|l| l.contains("fdatasync") && l.contains(&data_file) && l.contains("= -1")),
+        !trace
+            .lines()
+            .any(|l| l.contains("fdatasync") && l.contains(&data_file) && l.contains("= -1")),
         "an fdatasync of {data_file} failed:\n{trace}"
     );
     // open + flush + election write, as counted by the store itself.
