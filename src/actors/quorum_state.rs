@@ -53,6 +53,9 @@ const MAX_INBOUND_PENDING: usize = 65_536;
 const INBOUND_SWEEP_INTERVAL_MS: u64 = 1_000;
 /// How often the high-watermark hint is passed to the store.
 const HW_HINT_INTERVAL_MS: u64 = 1_000;
+/// Most bytes of appended batches waiting for a flush before new appends
+/// are refused (a stalled disk must not turn into unbounded memory).
+const MAX_UNFLUSHED_BYTES: usize = 64 * 1024 * 1024;
 /// Longest queue of client log reads on the storage thread.
 const MAX_CLIENT_READS: usize = 32;
 /// Longest a graceful shutdown waits for its EndQuorumEpoch sends.
@@ -180,6 +183,11 @@ pub struct QuorumState {
     storage_events: Option<mpsc::UnboundedReceiver<StorageEvent>>,
     /// Appends and truncates sent to the storage thread so far.
     mutations_sent: u64,
+    /// (mutation number, bytes) of appends sent to storage and not yet
+    /// flushed; with `unflushed_bytes`, bounds the memory a stalled disk
+    /// lets writers pile up (new appends get 503 past the bound).
+    unflushed: VecDeque<(u64, usize)>,
+    unflushed_bytes: usize,
     /// Truncations sent, by their mutation number, until a flush report
     /// covers them: a flush that ran before a truncation cannot vouch for
     /// the offsets that truncation removes and rewrites. (The engine also
@@ -228,6 +236,8 @@ impl QuorumState {
             appender: peers.appender,
             storage_events: Some(peers.storage_events),
             mutations_sent: 0,
+            unflushed: VecDeque::new(),
+            unflushed_bytes: 0,
             truncations: VecDeque::new(),
             requests: peers.requests,
             forwarder: peers.forwarder,
@@ -317,6 +327,8 @@ impl QuorumState {
                 Action::AppendBatch(batch) => {
                     self.metrics.append_records_total += batch.record_count as u64;
                     self.mutations_sent += 1;
+                    self.unflushed.push_back((self.mutations_sent, batch.size_bytes()));
+                    self.unflushed_bytes += batch.size_bytes();
                     if let Err(e) = self.appender.append(batch) {
                         return self.fatal(ctx, format!("cannot queue an append: {e}"));
                     }
@@ -515,6 +527,12 @@ impl QuorumState {
         if self.shutting_down.is_some() || self.is_stopping() {
             return Err(AppendError::Unavailable("the node is shutting down".into()));
         }
+        if self.unflushed_bytes >= MAX_UNFLUSHED_BYTES {
+            return Err(AppendError::Unavailable(format!(
+                "{} bytes of appends are waiting for the disk",
+                self.unflushed_bytes
+            )));
+        }
         let awaiting = self.awaiting_commit.load(Ordering::Relaxed);
         if awaiting >= MAX_AWAITING_COMMIT {
             return Err(AppendError::Unavailable(format!(
@@ -704,6 +722,13 @@ impl QuorumState {
 
     /// The flush report, corrected for truncations it does not cover.
     fn on_flushed(&mut self, durable_end: Offset, mutations: u64) -> Offset {
+        while let Some((number, bytes)) = self.unflushed.front().copied() {
+            if number > mutations {
+                break;
+            }
+            self.unflushed.pop_front();
+            self.unflushed_bytes -= bytes;
+        }
         while let Some((number, _)) = self.truncations.front() {
             if *number > mutations {
                 break;
