@@ -21,7 +21,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::time::Duration;
 
 use actix::{Actor, Addr, AsyncContext, Context, Message, Recipient};
 use serde::Serialize;
@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info};
 
 use crate::actors::fetch_purgatory::{FetchPurgatory, GetCommitStats, StopPurgatory};
-use crate::actors::log_appender::LogAppender;
+use crate::actors::log_appender::{AppenderStore, LogAppender, StorageEvent, StorageWorker};
 use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
 use crate::actors::quorum_state::{
     AppendForwarder, Describe, GetMetrics, Propose, QuorumPeers, QuorumState, ReadCommitted, Shutdown, StopForwarder,
@@ -38,8 +38,9 @@ use crate::actors::quorum_state::{
 use crate::actors::request_manager::RequestManager;
 use crate::actors::transport::{self, RaftServer};
 use crate::config::Config;
+use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
 use crate::messages::Record;
-use crate::raft::{Epoch, LogView, NodeId, Offset, RaftNode};
+use crate::raft::{ElectionState, Epoch, LogView, NodeId, Offset, RaftNode};
 use crate::storage::{LogStore, SledStore, StorageError};
 
 /// Where committed records landed.
@@ -215,12 +216,8 @@ struct HandleInner {
 /// listener (`listeners.raft`; port 0 picks a free port, see
 /// [`NodeHandle::raft_addr`]) and starts the actors on the current arbiter.
 pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
-    let raft_config = config.raft_config();
     let node_id = config.node.id;
     let cluster_id = config.node.cluster_id.clone();
-    let voters = config.quorum.voters.clone();
-    let max_frame_bytes = config.listeners.max_frame_bytes;
-    let request_timeout_ms = config.quorum.request_timeout_ms;
 
     // sled's open recovers the log and fsyncs: never on the arbiter.
     let dir = config.node.data_dir.clone();
@@ -250,7 +247,7 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
         config.listeners.raft,
         cluster_id.clone(),
         node_id,
-        max_frame_bytes,
+        config.listeners.max_frame_bytes,
         quorum.clone().recipient(),
     )
     .await
@@ -268,43 +265,139 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
     };
     let raft_addr = server.local_addr();
 
-    let log_start = log.start_offset();
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let (appender, storage_thread) = LogAppender::spawn(node_id, Box::new(store), events_tx)
         .map_err(|e| StartError::Other(format!("cannot start the storage thread: {e}")))?;
+    let voters = config.quorum.voters.clone();
+    let max_frame_bytes = config.listeners.max_frame_bytes;
+    let request_timeout_ms = config.quorum.request_timeout_ms;
+    let tcp_cluster_id = cluster_id.clone();
+    let connect = move |outcomes: Recipient<RequestOutcome>| {
+        RequestManager::new(
+            node_id,
+            tcp_cluster_id.clone(),
+            voters.clone(),
+            request_timeout_ms,
+            max_frame_bytes,
+            outcomes,
+        )
+        .start()
+        .recipient()
+    };
+    let handle = launch(Launch {
+        config: &config,
+        quorum_ctx,
+        election,
+        log,
+        storage: (appender, events_rx, StorageWorker::Thread(storage_thread)),
+        server: Some(server),
+        raft_addr,
+        connect: &connect,
+        seed: rand::random(),
+    });
+    info!(node_id, %raft_addr, "node started");
+    Ok(handle)
+}
+
+/// A node over a store and a network of the caller's choosing, for
+/// embedders with their own transport and for the actor-level simulator
+/// (`tests/actor_sim.rs`), which runs whole nodes — the same actors as
+/// [`start`] — on one thread with a paused tokio clock.
+pub struct CustomNode {
+    /// The `node`, `quorum`, `log` and `metadata` keys are used; the
+    /// listeners are not (there is no TCP).
+    pub config: Config,
+    /// Opened and recovered already. It runs on a task of the current
+    /// runtime (never on a thread), so it must not block.
+    pub store: Box<dyn AppenderStore>,
+    /// How long each group of storage commands waits before it is applied
+    /// (the disk's latency, in the runtime's time).
+    pub flush_delay: Duration,
+    /// Makes a sender of requests to the voters whose outcomes go to the
+    /// recipient given; called once for the QuorumState and once for the
+    /// append forwarder.
+    pub connect: Box<dyn Fn(Recipient<RequestOutcome>) -> Recipient<SendRequest>>,
+    /// Seeds the engine's randomness (election timeouts).
+    pub seed: u64,
+}
+
+/// Starts a [`CustomNode`] on the current arbiter. Returns its handle and
+/// the recipient the caller's network delivers inbound requests to.
+/// [`NodeHandle::raft_addr`] is the unspecified address `0.0.0.0:0`.
+pub fn start_custom(custom: CustomNode) -> Result<(NodeHandle, Recipient<InboundRequest>), StartError> {
+    let CustomNode {
+        config,
+        store,
+        flush_delay,
+        connect,
+        seed,
+    } = custom;
+    let election = store.election_state()?;
+    let log = LogView::new(store.start_offset(), 0, store.end_offset(), store.epoch_cache());
+    let quorum_ctx: Context<QuorumState> = Context::new();
+    let inbound = quorum_ctx.address().recipient();
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let (appender, task) = LogAppender::spawn_task(store, events_tx, flush_delay);
+    let handle = launch(Launch {
+        config: &config,
+        quorum_ctx,
+        election,
+        log,
+        storage: (appender, events_rx, StorageWorker::Task(task)),
+        server: None,
+        raft_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        connect: &*connect,
+        seed,
+    });
+    Ok((handle, inbound))
+}
+
+/// What [`start`] and [`start_custom`] share: everything after the store
+/// is open and the transport chosen.
+struct Launch<'a> {
+    config: &'a Config,
+    quorum_ctx: Context<QuorumState>,
+    election: ElectionState,
+    log: LogView,
+    storage: (LogAppender, mpsc::UnboundedReceiver<StorageEvent>, StorageWorker),
+    server: Option<RaftServer>,
+    raft_addr: SocketAddr,
+    connect: &'a dyn Fn(Recipient<RequestOutcome>) -> Recipient<SendRequest>,
+    seed: u64,
+}
+
+/// Starts the actors on the current arbiter and the supervisor that tears
+/// them down.
+fn launch(parts: Launch<'_>) -> NodeHandle {
+    let Launch {
+        config,
+        quorum_ctx,
+        election,
+        log,
+        storage: (appender, events_rx, storage_worker),
+        server,
+        raft_addr,
+        connect,
+        seed,
+    } = parts;
+    let node_id = config.node.id;
+    let cluster_id = config.node.cluster_id.clone();
+    let quorum = quorum_ctx.address();
+    let log_start = log.start_offset();
 
     let purgatory = FetchPurgatory::new().start();
     let listeners = MetadataListeners::new(node_id, appender.clone(), log_start).start();
-    let requests = RequestManager::new(
-        node_id,
-        cluster_id.clone(),
-        voters.clone(),
-        request_timeout_ms,
-        max_frame_bytes,
-        quorum.clone().recipient(),
-    )
-    .start();
-    let forwarder_voters = voters.clone();
-    let forwarder_cluster_id = cluster_id.clone();
-    let forwarder = AppendForwarder::create(move |ctx| {
-        let requests = RequestManager::new(
-            node_id,
-            forwarder_cluster_id,
-            forwarder_voters.clone(),
-            request_timeout_ms,
-            max_frame_bytes,
-            ctx.address().recipient(),
-        )
-        .start();
-        AppendForwarder::new(requests.recipient(), forwarder_voters)
-    });
+    let requests = connect(quorum.clone().recipient());
+    let forwarder_voters = config.quorum.voters.clone();
+    let forwarder =
+        AppendForwarder::create(|ctx| AppendForwarder::new(connect(ctx.address().recipient()), forwarder_voters));
 
     let (on_stopped, quorum_stopped) = oneshot::channel();
-    let engine = RaftNode::new(raft_config, election, log, 0, rand::random());
+    let engine = RaftNode::new(config.raft_config(), election, log, 0, seed);
     let peers = QuorumPeers {
         appender: appender.clone(),
         storage_events: events_rx,
-        requests: requests.recipient(),
+        requests,
         forwarder: forwarder.clone(),
         purgatory: purgatory.clone(),
         listeners: listeners.clone(),
@@ -321,11 +414,10 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
         purgatory: purgatory.clone(),
         listeners: listeners.clone(),
         appender,
-        storage_thread,
+        storage_worker,
         stopped: stopped_tx,
     }));
-    info!(node_id, %raft_addr, "node started");
-    Ok(NodeHandle {
+    NodeHandle {
         inner: Arc::new(HandleInner {
             node_id,
             raft_addr,
@@ -334,19 +426,19 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
             listeners,
             stopped,
         }),
-    })
+    }
 }
 
 /// What the supervisor tears down once QuorumState stops.
 struct Supervised {
     node_id: NodeId,
     quorum_stopped: oneshot::Receiver<StopReason>,
-    server: RaftServer,
+    server: Option<RaftServer>,
     forwarder: Addr<AppendForwarder>,
     purgatory: Addr<FetchPurgatory>,
     listeners: Addr<MetadataListeners>,
     appender: LogAppender,
-    storage_thread: JoinHandle<()>,
+    storage_worker: StorageWorker,
     stopped: watch::Sender<bool>,
 }
 
@@ -362,7 +454,7 @@ async fn supervise(parts: Supervised) {
         purgatory,
         listeners,
         appender,
-        storage_thread,
+        storage_worker,
         stopped,
     } = parts;
     let reason = quorum_stopped
@@ -371,8 +463,9 @@ async fn supervise(parts: Supervised) {
     if let StopReason::Fatal(why) = &reason {
         error!(node_id, "node stopping after a fatal error: {why}");
     }
-    server.shutdown();
-    drop(server);
+    if let Some(server) = server {
+        server.shutdown();
+    }
     // Mailbox errors below mean the actor is already gone: nothing to stop.
     let _ = forwarder.send(StopForwarder).await;
     let reason_text = match &reason {
@@ -385,8 +478,8 @@ async fn supervise(parts: Supervised) {
         let _ = flushed.await;
     }
     drop(appender);
-    if let Ok(Err(_)) = tokio::task::spawn_blocking(move || storage_thread.join()).await {
-        error!(node_id, "the storage thread panicked");
+    if !storage_worker.join().await {
+        error!(node_id, "the storage worker panicked");
     }
     info!(node_id, ?reason, "node stopped");
     stopped.send_replace(true);

@@ -20,7 +20,7 @@
 //! It also measures commit latency (registration → completion).
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use actix::prelude::*;
 use tracing::debug;

@@ -21,10 +21,12 @@
 //! [`AppenderError::Stopped`] and pending replies are dropped (their receivers
 //! see the error). Nothing is swallowed.
 
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tracing::{debug, error, info};
 
 use crate::messages::Batch;
@@ -137,6 +139,28 @@ enum Command {
 #[derive(Clone)]
 pub struct LogAppender {
     tx: Sender<Command>,
+    /// Set when the store runs on a task ([`LogAppender::spawn_task`]):
+    /// woken after every push.
+    wake: Option<Arc<Notify>>,
+}
+
+/// Where the store's work runs; await [`StorageWorker::join`] after
+/// [`LogAppender::shutdown`].
+pub enum StorageWorker {
+    Thread(JoinHandle<()>),
+    Task(tokio::task::JoinHandle<()>),
+}
+
+impl StorageWorker {
+    /// Waits for the worker to end; false if it panicked.
+    pub async fn join(self) -> bool {
+        match self {
+            StorageWorker::Thread(thread) => {
+                matches!(tokio::task::spawn_blocking(move || thread.join()).await, Ok(Ok(())))
+            }
+            StorageWorker::Task(task) => task.await.is_ok(),
+        }
+    }
 }
 
 impl LogAppender {
@@ -158,11 +182,59 @@ impl LogAppender {
                 }
                 .run(rx)
             })?;
-        Ok((LogAppender { tx }, thread))
+        Ok((LogAppender { tx, wake: None }, thread))
+    }
+
+    /// Runs the store on a task of the current tokio runtime instead of a
+    /// thread: for stores that never block (the in-memory store), so that
+    /// a single-threaded runtime with a paused clock runs the whole node
+    /// deterministically (the actor-level simulator). Each group of
+    /// commands waits `flush_delay` of (virtual) time before it is applied,
+    /// standing in for the disk.
+    pub fn spawn_task(
+        store: Box<dyn AppenderStore>,
+        events: mpsc::UnboundedSender<StorageEvent>,
+        flush_delay: Duration,
+    ) -> (LogAppender, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_COMMANDS);
+        let wake = Arc::new(Notify::new());
+        let woken = wake.clone();
+        let task = tokio::task::spawn_local(async move {
+            let mut worker = StorageThread {
+                store,
+                events,
+                mutations: 0,
+            };
+            let mut group: Vec<Command> = Vec::with_capacity(64);
+            let exit = loop {
+                if rx.is_empty() {
+                    // Only this task holds the notifier: every handle is gone.
+                    if Arc::strong_count(&woken) == 1 {
+                        break Exit::Shutdown(None);
+                    }
+                    woken.notified().await;
+                    continue;
+                }
+                fill(&rx, &mut group);
+                // The disk's time: what is sent meanwhile forms the next group.
+                if !flush_delay.is_zero() && group.iter().any(|c| matches!(c, Command::Flush)) {
+                    tokio::time::sleep(flush_delay).await;
+                }
+                if let Some(exit) = worker.apply(&mut group) {
+                    break exit;
+                }
+            };
+            worker.finish(exit);
+        });
+        (LogAppender { tx, wake: Some(wake) }, task)
     }
 
     fn push(&self, command: Command) -> Result<(), AppenderError> {
-        match self.tx.try_send(command) {
+        let pushed = self.tx.try_send(command);
+        if let Some(wake) = &self.wake {
+            wake.notify_one();
+        }
+        match pushed {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(AppenderError::Overloaded(self.tx.len())),
             Err(TrySendError::Disconnected(_)) => Err(AppenderError::Stopped),
@@ -223,9 +295,32 @@ impl LogAppender {
     /// had already stopped).
     pub fn shutdown(&self) -> Result<oneshot::Receiver<()>, AppenderError> {
         let (reply, rx) = oneshot::channel();
-        match self.tx.send(Command::Shutdown(reply)) {
+        let sent = self.tx.send(Command::Shutdown(reply));
+        if let Some(wake) = &self.wake {
+            wake.notify_one();
+        }
+        match sent {
             Ok(()) => Ok(rx),
             Err(_) => Err(AppenderError::Stopped),
+        }
+    }
+}
+
+impl Drop for LogAppender {
+    fn drop(&mut self) {
+        // A task-run store notices the last handle going (see spawn_task).
+        if let Some(wake) = &self.wake {
+            wake.notify_one();
+        }
+    }
+}
+
+/// Adds whatever else is queued to `group`, up to [`MAX_GROUP_COMMANDS`].
+fn fill(rx: &Receiver<Command>, group: &mut Vec<Command>) {
+    while group.len() < MAX_GROUP_COMMANDS {
+        match rx.try_recv() {
+            Ok(command) => group.push(command),
+            Err(_) => break,
         }
     }
 }
@@ -252,18 +347,24 @@ impl StorageThread {
                 // Every handle is gone: finish like a shutdown.
                 Err(_) => break Exit::Shutdown(None),
             }
-            while group.len() < MAX_GROUP_COMMANDS {
-                match rx.try_recv() {
-                    Ok(command) => group.push(command),
-                    Err(_) => break,
-                }
-            }
-            match self.apply_group(&mut group) {
-                Ok(None) => {}
-                Ok(Some(reply)) => break Exit::Shutdown(Some(reply)),
-                Err(()) => break Exit::Failed,
+            fill(&rx, &mut group);
+            if let Some(exit) = self.apply(&mut group) {
+                break exit;
             }
         };
+        self.finish(exit);
+    }
+
+    /// Applies one group; `Some` when the loop must end.
+    fn apply(&mut self, group: &mut Vec<Command>) -> Option<Exit> {
+        match self.apply_group(group) {
+            Ok(None) => None,
+            Ok(Some(reply)) => Some(Exit::Shutdown(Some(reply))),
+            Err(()) => Some(Exit::Failed),
+        }
+    }
+
+    fn finish(mut self, exit: Exit) {
         match exit {
             Exit::Shutdown(reply) => {
                 if self.flush_and_report().is_ok() {

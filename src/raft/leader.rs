@@ -112,11 +112,15 @@ impl LeaderState {
         (hw > self.epoch_start_offset).then_some(hw)
     }
 
-    /// Voters that have not fetched in this epoch yet.
-    pub fn voters_without_fetch(&self) -> Vec<NodeId> {
+    /// Voters that have not fetched in this epoch, or not within
+    /// `within_ms` before `now_ms`. The leader sends them BeginQuorumEpoch
+    /// again (as Kafka does for voters silent for half the fetch timeout):
+    /// one that moved on to a later epoch answers with it, and the leader
+    /// steps down instead of leaving it stranded there.
+    pub fn voters_not_fetching(&self, now_ms: u64, within_ms: u64) -> Vec<NodeId> {
         self.voters
             .iter()
-            .filter(|(_, r)| r.last_fetch_ms.is_none())
+            .filter(|(_, r)| r.last_fetch_ms.is_none_or(|at| now_ms.saturating_sub(at) >= within_ms))
             .map(|(id, _)| *id)
             .collect()
     }

@@ -604,7 +604,7 @@ impl RaftNode {
                     let linger = self.accumulator.linger_deadline_ms(self.config.append_linger_ms);
                     t = t.min(linger.unwrap_or(u64::MAX));
                 }
-                if !l.voters_without_fetch().is_empty() {
+                if !l.voters.is_empty() {
                     t = t.min(l.begin_quorum_resend_ms);
                 }
                 t
@@ -986,8 +986,9 @@ impl RaftNode {
         }
         leader.expire_observers(now, self.config.observer_session_ms);
         if now >= leader.begin_quorum_resend_ms {
-            leader.begin_quorum_resend_ms = now + (fetch_timeout / 2).max(1);
-            let targets = leader.voters_without_fetch();
+            let interval = (fetch_timeout / 2).max(1);
+            leader.begin_quorum_resend_ms = now + interval;
+            let targets = leader.voters_not_fetching(now, interval);
             let request = RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
                 epoch: self.election.epoch,
                 leader_id: self.config.node_id,

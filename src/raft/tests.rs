@@ -782,19 +782,41 @@ fn begin_quorum_epoch_makes_a_follower() {
 }
 
 #[test]
-fn leader_resends_begin_quorum_epoch_to_voters_that_have_not_fetched() {
+fn leader_resends_begin_quorum_epoch_to_voters_that_stopped_fetching() {
     let (mut node, now) = elect_leader();
     node.take_actions();
-    node.handle_request(now + 1, 2, 1, fetch_req(2, 1, 0, 0, 0));
-    node.take_actions();
-    // After the first BeginQuorumEpoch timed out unanswered.
-    node.tick(now + FETCH_T + 1);
-    let resent: Vec<NodeId> = sent(&node.take_actions())
-        .into_iter()
-        .filter(|(_, _, r)| matches!(r, RaftRequest::BeginQuorumEpoch(_)))
-        .map(|(to, _, _)| to)
-        .collect();
-    assert_eq!(resent, vec![3]);
+    let begin_quorum_targets = |node: &mut RaftNode| -> Vec<(NodeId, u64)> {
+        sent(&node.take_actions())
+            .into_iter()
+            .filter(|(_, _, r)| matches!(r, RaftRequest::BeginQuorumEpoch(_)))
+            .map(|(to, corr, _)| (to, corr))
+            .collect()
+    };
+    // Past the resend interval, voter 2 fetches: only voter 3 is asked again.
+    node.handle_request(now + FETCH_T, 2, 1, fetch_req(2, 1, 0, 0, 0));
+    let resent = begin_quorum_targets(&mut node);
+    assert_eq!(resent.iter().map(|(to, _)| *to).collect::<Vec<_>>(), vec![3]);
+
+    // Voter 2 has been silent for half the fetch timeout: it may have moved
+    // on to a later epoch (a candidacy the leader never heard of).
+    node.tick(now + FETCH_T + FETCH_T / 2 + 1);
+    let resent = begin_quorum_targets(&mut node);
+    let (to, corr) = *resent.iter().find(|(to, _)| *to == 2).expect("voter 2 is asked again");
+    node.handle_response(
+        now + FETCH_T + FETCH_T / 2 + 2,
+        to,
+        corr,
+        RaftResponse::BeginQuorumEpoch(QuorumEpochResponse {
+            error: ErrorCode::FencedLeaderEpoch,
+            epoch: 5,
+            leader_id: None,
+        }),
+    );
+    assert_eq!(
+        (node.role().role, node.role().epoch),
+        (RoleKind::Unattached, 5),
+        "the stale leader steps down into the later epoch"
+    );
 }
 
 #[test]

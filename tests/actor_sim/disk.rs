@@ -1,0 +1,100 @@
+//! Each node's disk: a [`MemoryStore`] that outlives the node's
+//! incarnations. A crash loses what was not flushed and kills the old
+//! incarnation's handle — every later call through it fails — as a process
+//! that dies takes its file descriptors with it.
+
+use std::sync::{Arc, Mutex};
+
+use kraft::actors::log_appender::AppenderStore;
+use kraft::messages::Batch;
+use kraft::raft::{ElectionState, Epoch, Offset};
+use kraft::storage::{self, LogStore, MemoryStore, StorageError};
+
+struct DiskState {
+    store: MemoryStore,
+    /// Bumped by every crash; a handle of an older generation is dead.
+    generation: u64,
+}
+
+#[derive(Clone)]
+pub struct Disk(Arc<Mutex<DiskState>>);
+
+impl Disk {
+    pub fn new() -> Self {
+        Disk(Arc::new(Mutex::new(DiskState {
+            store: MemoryStore::new(),
+            generation: 0,
+        })))
+    }
+
+    /// The store as a new incarnation sees it.
+    pub fn open(&self) -> DiskHandle {
+        let generation = self.0.lock().unwrap().generation;
+        DiskHandle {
+            disk: self.clone(),
+            generation,
+        }
+    }
+
+    /// Power loss: unflushed writes are gone and open handles are dead.
+    pub fn crash(&self) {
+        let mut state = self.0.lock().unwrap();
+        state.store.crash();
+        state.generation += 1;
+    }
+}
+
+pub struct DiskHandle {
+    disk: Disk,
+    generation: u64,
+}
+
+impl DiskHandle {
+    fn live<T>(&self, op: impl FnOnce(&mut MemoryStore) -> storage::Result<T>) -> storage::Result<T> {
+        let mut state = self.disk.0.lock().unwrap();
+        if state.generation != self.generation {
+            return Err(StorageError::Io(std::io::Error::other("the node crashed")));
+        }
+        op(&mut state.store)
+    }
+
+    fn peek<T>(&self, read: impl FnOnce(&MemoryStore) -> T) -> T {
+        read(&self.disk.0.lock().unwrap().store)
+    }
+}
+
+impl LogStore for DiskHandle {
+    fn election_state(&self) -> storage::Result<ElectionState> {
+        self.peek(|store| store.election_state())
+    }
+    fn write_election_state(&mut self, state: &ElectionState) -> storage::Result<()> {
+        self.live(|store| store.write_election_state(state))
+    }
+    fn append(&mut self, batch: &Batch) -> storage::Result<()> {
+        self.live(|store| store.append(batch))
+    }
+    fn truncate(&mut self, end_offset: Offset) -> storage::Result<()> {
+        self.live(|store| store.truncate(end_offset))
+    }
+    fn flush(&mut self) -> storage::Result<()> {
+        self.live(|store| store.flush())
+    }
+    fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> storage::Result<Vec<Batch>> {
+        self.live(|store| store.read(from, until, max_bytes))
+    }
+    fn start_offset(&self) -> Offset {
+        self.peek(|store| store.start_offset())
+    }
+    fn end_offset(&self) -> Offset {
+        self.peek(|store| store.end_offset())
+    }
+    fn epoch_cache(&self) -> Vec<(Epoch, Offset)> {
+        self.peek(|store| store.epoch_cache())
+    }
+}
+
+impl AppenderStore for DiskHandle {
+    fn set_high_watermark_hint(&mut self, _hw: Offset) -> storage::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,612 @@
+//! One seed of the actor-level simulator: whole kraft nodes — the
+//! QuorumState, LogAppender, FetchPurgatory, MetadataListeners and append
+//! forwarder that `kraft::node::start` runs — started with
+//! `kraft::node::start_custom` over [`Disk`]s and the in-memory [`Net`], all
+//! on one thread with a paused tokio clock.
+//!
+//! Checked as it runs: every committed record a listener receives matches,
+//! offset for offset, what every other node's listener received (log
+//! matching and state-machine safety, including across restarts);
+//! deliveries are contiguous and below the high watermark, which never
+//! goes back within an incarnation; no epoch has two leaders (from the
+//! listeners' leader changes and a `describe` of every node every few
+//! steps); an acknowledged append is found at its offsets. At the end the
+//! faults heal and every node must catch up with a new committed append
+//! (liveness), and every acknowledged append must be there.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use kraft::config::{Config, NodeRole};
+use kraft::messages::Record;
+use kraft::node::{self, AppendError, Appended, Committed, CustomNode, LeaderChanged, Listener, NodeHandle};
+use kraft::raft::{Epoch, NodeId, Offset};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::disk::Disk;
+use super::net::{Faults, Net};
+
+/// Virtual time the faults are healed for before liveness fails.
+const LIVENESS_MS: u64 = 30_000;
+/// Most client appends in flight at once.
+const MAX_CLIENT_IN_FLIGHT: usize = 16;
+
+/// The fault mix and settings one seed draws.
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub voters: usize,
+    pub observers: usize,
+    pub faults: Faults,
+    pub crash: f64,
+    pub restart: f64,
+    pub partition: f64,
+    pub heal: f64,
+    pub client: f64,
+    pub flush_delay_ms: u64,
+    pub chaos_ms: u64,
+}
+
+impl Params {
+    pub fn draw(rng: &mut SmallRng) -> Params {
+        let voters = [1, 2, 3, 3, 3, 4, 5, 5][rng.gen_range(0..8)];
+        let max_delay = [1, 2, 5, 10, 30][rng.gen_range(0..5)];
+        Params {
+            voters,
+            observers: rng.gen_range(0..=1),
+            faults: Faults {
+                loss: [0.0, 0.01, 0.05, 0.15][rng.gen_range(0..4)],
+                duplicate: [0.0, 0.02, 0.1][rng.gen_range(0..3)],
+                delay_ms: (0, max_delay),
+            },
+            crash: [0.0, 0.002, 0.01][rng.gen_range(0..3)],
+            restart: 0.02,
+            partition: [0.0, 0.003, 0.01][rng.gen_range(0..3)],
+            heal: 0.01,
+            client: [0.1, 0.5, 0.9][rng.gen_range(0..3)],
+            flush_delay_ms: rng.gen_range(0..=4),
+            chaos_ms: 10_000,
+        }
+    }
+}
+
+/// What one seed did, and the first rule it broke.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub hash: u64,
+    pub steps: u64,
+    pub virtual_ms: u64,
+    pub max_epoch: Epoch,
+    pub crashes: u64,
+    pub acked: u64,
+    pub append_errors: u64,
+    pub committed: u64,
+    pub sent: u64,
+    pub lost: u64,
+    pub failure: Option<String>,
+}
+
+/// A fresh actix System over a current-thread runtime whose clock is
+/// paused: time moves only when every task waits, straight to the next
+/// timer.
+pub fn paused_system() -> actix_rt::SystemRunner {
+    actix_rt::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a current-thread runtime")
+    })
+}
+
+/// Runs one seed on a [`paused_system`].
+pub fn run_seed(seed: u64) -> (Params, Report) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let params = Params::draw(&mut rng);
+    let world_params = params.clone();
+    let report = paused_system().block_on(async move { World::new(seed, world_params, rng).run().await });
+    (params, report)
+}
+
+// ---------------------------------------------------------------------
+// The checker
+// ---------------------------------------------------------------------
+
+struct Checker {
+    origin: Instant,
+    /// Committed records, as the first listener to see each offset saw it.
+    committed: Vec<(Epoch, Record)>,
+    leaders: BTreeMap<Epoch, NodeId>,
+    acked: Vec<(Appended, Vec<u8>)>,
+    append_errors: u64,
+    failure: Option<String>,
+    hash: u64,
+}
+
+impl Checker {
+    fn fail(&mut self, what: String) {
+        if self.failure.is_none() {
+            let at = self.origin.elapsed().as_millis();
+            self.failure = Some(format!("t={at}ms: {what}"));
+        }
+    }
+
+    /// Folds an event into the trace hash (FNV-1a over the virtual time and
+    /// the event).
+    fn trace(&mut self, event: &str) {
+        let at = self.origin.elapsed().as_millis() as u64;
+        for byte in at.to_le_bytes().iter().chain(event.as_bytes()) {
+            self.hash ^= u64::from(*byte);
+            self.hash = self.hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn on_committed(&mut self, node: NodeId, offset: Offset, epoch: Epoch, record: &Record) {
+        let index = offset as usize;
+        if index < self.committed.len() {
+            let (seen_epoch, seen) = &self.committed[index];
+            if *seen_epoch != epoch || seen != record {
+                let what = format!(
+                    "node {node} committed {record:?} (epoch {epoch}) at offset {offset}, another node committed {seen:?} (epoch {seen_epoch})"
+                );
+                self.fail(what);
+            }
+        } else if index == self.committed.len() {
+            self.committed.push((epoch, record.clone()));
+            self.trace(&format!("commit {offset} {epoch}"));
+        } else {
+            self.fail(format!(
+                "node {node} committed offset {offset} past the known end {}",
+                self.committed.len()
+            ));
+        }
+    }
+
+    fn on_leader(&mut self, seen_by: NodeId, epoch: Epoch, leader: NodeId) {
+        match self.leaders.get(&epoch) {
+            Some(known) if *known != leader => {
+                let what = format!("two leaders in epoch {epoch}: {known} and {leader} (seen by node {seen_by})");
+                self.fail(what);
+            }
+            Some(_) => {}
+            None => {
+                self.leaders.insert(epoch, leader);
+                self.trace(&format!("leader {epoch} {leader}"));
+            }
+        }
+    }
+
+    fn on_acked(&mut self, appended: Appended, value: Vec<u8>) {
+        if appended.last_offset != appended.base_offset {
+            self.fail(format!("one record acknowledged as {appended:?}"));
+        }
+        self.check_acked(&appended, &value);
+        self.trace(&format!("ack {}", appended.base_offset));
+        self.acked.push((appended, value));
+    }
+
+    /// An acknowledged record, once some node has delivered its offset,
+    /// must be the one delivered there.
+    fn check_acked(&mut self, appended: &Appended, value: &[u8]) {
+        let expected = Record::Data(value.to_vec());
+        if let Some((epoch, record)) = self.committed.get(appended.base_offset as usize) {
+            if *record != expected || *epoch != appended.epoch {
+                let what = format!(
+                    "acknowledged {appended:?} but offset {} holds {record:?} (epoch {epoch})",
+                    appended.base_offset
+                );
+                self.fail(what);
+            }
+        }
+    }
+}
+
+/// A listener of one node incarnation.
+struct Recorder {
+    node: NodeId,
+    /// The next offset this listener expects (shared with the world, which
+    /// reads it as the node's progress).
+    next: Rc<Cell<Offset>>,
+    high_watermark: Offset,
+    checker: Rc<RefCell<Checker>>,
+}
+
+impl Actor for Recorder {
+    type Context = Context<Self>;
+}
+
+impl Handler<Committed> for Recorder {
+    type Result = ();
+
+    fn handle(&mut self, msg: Committed, _ctx: &mut Context<Self>) {
+        let mut checker = self.checker.borrow_mut();
+        if msg.high_watermark < self.high_watermark {
+            let what = format!(
+                "node {}: high watermark went back from {} to {}",
+                self.node, self.high_watermark, msg.high_watermark
+            );
+            checker.fail(what);
+        }
+        self.high_watermark = msg.high_watermark;
+        for committed in &msg.records {
+            if committed.offset != self.next.get() {
+                let what = format!(
+                    "node {} delivered offset {}, expected {}",
+                    self.node,
+                    committed.offset,
+                    self.next.get()
+                );
+                checker.fail(what);
+            }
+            if committed.offset >= msg.high_watermark {
+                let what = format!(
+                    "node {} delivered offset {} at high watermark {}",
+                    self.node, committed.offset, msg.high_watermark
+                );
+                checker.fail(what);
+            }
+            checker.on_committed(self.node, committed.offset, committed.epoch, &committed.record);
+            self.next.set(committed.offset + 1);
+        }
+    }
+}
+
+impl Handler<LeaderChanged> for Recorder {
+    type Result = ();
+
+    fn handle(&mut self, msg: LeaderChanged, _ctx: &mut Context<Self>) {
+        if let Some(leader) = msg.leader_id {
+            self.checker.borrow_mut().on_leader(self.node, msg.epoch, leader);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// The world
+// ---------------------------------------------------------------------
+
+struct Up {
+    handle: NodeHandle,
+    progress: Rc<Cell<Offset>>,
+}
+
+struct SimNode {
+    id: NodeId,
+    config: Config,
+    disk: Disk,
+    incarnation: u64,
+    up: Option<Up>,
+}
+
+struct World {
+    seed: u64,
+    params: Params,
+    rng: SmallRng,
+    net: Net,
+    nodes: Vec<SimNode>,
+    checker: Rc<RefCell<Checker>>,
+    client_in_flight: Rc<Cell<usize>>,
+    next_value: u64,
+    crashes: u64,
+    steps: u64,
+}
+
+pub fn node_config(id: NodeId, voters: &BTreeMap<NodeId, String>, observer: bool) -> Config {
+    let mut config = Config::default();
+    config.node.id = id;
+    config.node.cluster_id = "actor-sim".to_string();
+    if observer {
+        config.node.roles = vec![NodeRole::Broker];
+    }
+    config.quorum.voters = voters.clone();
+    config.quorum.election_timeout_ms = 150;
+    config.quorum.fetch_timeout_ms = 300;
+    config.quorum.request_timeout_ms = 200;
+    config.quorum.retry_backoff_ms = 10;
+    config.quorum.election_backoff_max_ms = 150;
+    config.metadata.max_idle_interval_ms = 100;
+    config
+}
+
+impl World {
+    fn new(seed: u64, params: Params, mut rng: SmallRng) -> World {
+        let voters: BTreeMap<NodeId, String> = (1..=params.voters as NodeId)
+            .map(|id| (id, format!("127.0.0.1:{}", 9000 + id)))
+            .collect();
+        let observers = (0..params.observers as NodeId).map(|i| 100 + i);
+        let nodes = voters
+            .keys()
+            .map(|id| (*id, false))
+            .chain(observers.map(|id| (id, true)))
+            .map(|(id, observer)| SimNode {
+                id,
+                config: node_config(id, &voters, observer),
+                disk: Disk::new(),
+                incarnation: 0,
+                up: None,
+            })
+            .collect();
+        let net_rng = SmallRng::seed_from_u64(rng.gen());
+        let request_timeout = Duration::from_millis(node_config(1, &voters, false).quorum.request_timeout_ms);
+        World {
+            seed,
+            params,
+            rng,
+            net: Net::new(net_rng, request_timeout),
+            nodes,
+            checker: Rc::new(RefCell::new(Checker {
+                origin: Instant::now(),
+                committed: Vec::new(),
+                leaders: BTreeMap::new(),
+                acked: Vec::new(),
+                append_errors: 0,
+                failure: None,
+                hash: 0xcbf2_9ce4_8422_2325,
+            })),
+            client_in_flight: Rc::new(Cell::new(0)),
+            next_value: 0,
+            crashes: 0,
+            steps: 0,
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.checker.borrow().failure.is_some()
+    }
+
+    async fn start_node(&mut self, index: usize) {
+        let seed = self.rng.gen();
+        let node = &mut self.nodes[index];
+        node.incarnation += 1;
+        let custom = CustomNode {
+            config: node.config.clone(),
+            store: Box::new(node.disk.open()),
+            flush_delay: Duration::from_millis(self.params.flush_delay_ms),
+            connect: Box::new(self.net.connector(node.id, node.incarnation)),
+            seed,
+        };
+        let (handle, inbound) = node::start_custom(custom).expect("an in-memory node starts");
+        self.net.attach(node.id, node.incarnation, inbound);
+        let progress = Rc::new(Cell::new(0));
+        let recorder = Recorder {
+            node: node.id,
+            next: progress.clone(),
+            high_watermark: 0,
+            checker: self.checker.clone(),
+        }
+        .start();
+        let listener = Listener {
+            committed: recorder.clone().recipient(),
+            leader_changed: Some(recorder.recipient()),
+        };
+        handle
+            .register_listener(listener)
+            .await
+            .expect("a new node takes a listener");
+        self.checker
+            .borrow_mut()
+            .trace(&format!("start {} {}", node.id, node.incarnation));
+        node.up = Some(Up { handle, progress });
+    }
+
+    /// Power loss: the node's unflushed writes are gone, nothing it sends
+    /// arrives, nothing reaches it. The dead incarnation's actors wind down
+    /// on their own (their disk handle fails).
+    fn crash_node(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        let Some(up) = node.up.take() else { return };
+        self.net.detach(node.id);
+        node.disk.crash();
+        self.crashes += 1;
+        self.checker.borrow_mut().trace(&format!("crash {}", node.id));
+        actix_rt::spawn(async move { up.handle.shutdown().await });
+    }
+
+    fn pick(&mut self, up: bool) -> Option<usize> {
+        let candidates: Vec<usize> = (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].up.is_some() == up)
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        Some(candidates[self.rng.gen_range(0..candidates.len())])
+    }
+
+    fn client_append(&mut self) {
+        if self.client_in_flight.get() >= MAX_CLIENT_IN_FLIGHT {
+            return;
+        }
+        let Some(index) = self.pick(true) else { return };
+        let handle = self.nodes[index].up.as_ref().unwrap().handle.clone();
+        self.next_value += 1;
+        let value = format!("seed {} value {}", self.seed, self.next_value).into_bytes();
+        let checker = self.checker.clone();
+        let in_flight = self.client_in_flight.clone();
+        in_flight.set(in_flight.get() + 1);
+        actix_rt::spawn(async move {
+            let result = handle.append(vec![value.clone()]).await;
+            in_flight.set(in_flight.get() - 1);
+            let mut checker = checker.borrow_mut();
+            match result {
+                Ok(appended) => checker.on_acked(appended, value),
+                Err(AppendError::Rejected(why)) => checker.fail(format!("a valid append was rejected: {why}")),
+                Err(_) => checker.append_errors += 1,
+            }
+        });
+    }
+
+    /// Every live node's view: a leader names itself, a follower its
+    /// leader; both go to the one-leader-per-epoch check.
+    async fn poll_roles(&mut self) {
+        for node in &self.nodes {
+            let Some(up) = &node.up else { continue };
+            let Ok(status) = up.handle.describe().await else {
+                continue;
+            };
+            if let Some(leader) = status.leader_id {
+                self.checker
+                    .borrow_mut()
+                    .on_leader(node.id, status.leader_epoch, leader);
+            }
+        }
+    }
+
+    async fn step(&mut self) {
+        self.steps += 1;
+        let pause = self.rng.gen_range(1..=10);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        if self.rng.gen_bool(self.params.client) {
+            self.client_append();
+        }
+        if self.rng.gen_bool(self.params.crash) {
+            if let Some(index) = self.pick(true) {
+                self.crash_node(index);
+            }
+        }
+        if self.rng.gen_bool(self.params.restart) {
+            if let Some(index) = self.pick(false) {
+                self.start_node(index).await;
+            }
+        }
+        if self.rng.gen_bool(self.params.partition) {
+            let a = self.nodes[self.rng.gen_range(0..self.nodes.len())].id;
+            let b = self.nodes[self.rng.gen_range(0..self.nodes.len())].id;
+            if self.rng.gen_bool(0.5) {
+                self.net.cut(a, b);
+            } else {
+                for node in &self.nodes {
+                    self.net.cut(a, node.id);
+                    self.net.cut(node.id, a);
+                }
+            }
+            self.checker.borrow_mut().trace(&format!("cut {a} {b}"));
+        }
+        if self.rng.gen_bool(self.params.heal) {
+            self.net.heal();
+        }
+        if self.steps.is_multiple_of(4) {
+            self.poll_roles().await;
+        }
+    }
+
+    async fn run(mut self) -> Report {
+        for index in 0..self.nodes.len() {
+            self.start_node(index).await;
+        }
+        self.net.set_faults(self.params.faults);
+        let origin = Instant::now();
+        let chaos_end = origin + Duration::from_millis(self.params.chaos_ms);
+        while Instant::now() < chaos_end && !self.failed() {
+            self.step().await;
+        }
+        if !self.failed() {
+            self.heal_and_check_liveness().await;
+        }
+        if !self.failed() {
+            self.check_acknowledged();
+        }
+        self.report(origin)
+    }
+
+    /// Heals everything, restarts the crashed nodes, then a leader must
+    /// commit a new append and every node must deliver up to it.
+    async fn heal_and_check_liveness(&mut self) {
+        self.net.heal();
+        self.net.set_faults(Faults::NONE);
+        for index in 0..self.nodes.len() {
+            if self.nodes[index].up.is_none() {
+                self.start_node(index).await;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_millis(LIVENESS_MS);
+        let mut target: Option<Offset> = None;
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.poll_roles().await;
+            if self.failed() {
+                return;
+            }
+            if target.is_none() {
+                target = self.probe_append().await;
+            }
+            if let Some(end) = target {
+                if self
+                    .nodes
+                    .iter()
+                    .all(|n| n.up.as_ref().is_some_and(|up| up.progress.get() >= end))
+                {
+                    return;
+                }
+            }
+        }
+        let mut progress = Vec::new();
+        for node in &self.nodes {
+            let Some(up) = &node.up else { continue };
+            let status = up.handle.describe().await.ok();
+            let view = status.map(|s| {
+                format!(
+                    "{} epoch {} leader {:?} hw {} end {}",
+                    s.role, s.leader_epoch, s.leader_id, s.high_watermark, s.log_end_offset
+                )
+            });
+            progress.push(format!("node {} delivered {} ({view:?})", node.id, up.progress.get()));
+        }
+        let what = format!(
+            "no liveness {LIVENESS_MS} ms after healing: probe committed up to {target:?}, delivered per node {progress:?}"
+        );
+        self.checker.borrow_mut().fail(what);
+    }
+
+    /// Appends through the leader, if one is known; the end offset it
+    /// committed.
+    async fn probe_append(&mut self) -> Option<Offset> {
+        for node in &self.nodes {
+            let up = node.up.as_ref()?;
+            let status = up.handle.describe().await.ok()?;
+            if status.role == "leader" {
+                let appended = up.handle.append(vec![b"liveness probe".to_vec()]).await.ok()?;
+                self.checker.borrow_mut().on_acked(appended, b"liveness probe".to_vec());
+                return Some(appended.last_offset + 1);
+            }
+        }
+        None
+    }
+
+    fn check_acknowledged(&mut self) {
+        let mut checker = self.checker.borrow_mut();
+        let acked = std::mem::take(&mut checker.acked);
+        for (appended, value) in &acked {
+            if appended.base_offset as usize >= checker.committed.len() {
+                let what = format!(
+                    "acknowledged {appended:?} is missing: every node delivered only {} records",
+                    checker.committed.len()
+                );
+                checker.fail(what);
+            }
+            checker.check_acked(appended, value);
+        }
+        checker.acked = acked;
+    }
+
+    fn report(&self, origin: Instant) -> Report {
+        let checker = self.checker.borrow();
+        let (sent, lost) = self.net.counts();
+        Report {
+            hash: checker.hash,
+            steps: self.steps,
+            virtual_ms: origin.elapsed().as_millis() as u64,
+            max_epoch: checker.leaders.keys().next_back().copied().unwrap_or(0),
+            crashes: self.crashes,
+            acked: checker.acked.len() as u64,
+            append_errors: checker.append_errors,
+            committed: checker.committed.len() as u64,
+            sent,
+            lost,
+            failure: checker.failure.clone(),
+        }
+    }
+}
