@@ -712,6 +712,23 @@ fn sled_truncates_a_tail_of_several_undecodable_values() {
 }
 
 #[test]
+fn sled_a_data_dir_in_use_is_refused_and_free_again_once_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    match SledStore::open(dir.path(), CLUSTER, NODE) {
+        Err(e) => assert!(
+            e.to_string().contains("is another node using this data directory"),
+            "{e}"
+        ),
+        Ok(_) => panic!("two stores opened one data directory"),
+    }
+    drop(store);
+    // sled releases its lock only when its flusher notices the drop; the
+    // open waits for that instead of failing.
+    SledStore::open(dir.path(), CLUSTER, NODE).expect("reopened right after closing");
+}
+
+#[test]
 fn sled_corruption_followed_by_valid_batches_is_a_hard_error() {
     let dir = tempfile::tempdir().unwrap();
     write_sample_log(dir.path());

@@ -407,6 +407,30 @@ impl QuorumState {
                         }
                     });
                 }
+                // Snapshot files are not served or installed by this shell
+                // yet (issue 3): nothing registers a snapshot with the
+                // engine, so a leader never redirects a fetch to one and
+                // these are not reached; they still answer honestly.
+                Action::RespondFetchSnapshot {
+                    request_id,
+                    mut response,
+                    ..
+                } => {
+                    if let Some(reply) = self.inbound.remove(&request_id) {
+                        response.error = ErrorCode::SnapshotNotFound;
+                        let _ = reply.send(RaftResponse::FetchSnapshot(response));
+                    }
+                }
+                Action::WriteSnapshotChunk { snapshot_id, .. } => {
+                    debug!(
+                        ?snapshot_id,
+                        "snapshot chunk dropped: installing snapshots is not supported yet"
+                    );
+                }
+                Action::InstallSnapshot(id) => {
+                    let now = self.tick();
+                    self.node.on_snapshot_install_failed(now, id);
+                }
                 Action::HighWatermark(hw) => {
                     self.executed_high_watermark = self.executed_high_watermark.max(hw);
                     if let Err(e) = post(&self.purgatory, HighWatermarkAdvanced(hw)) {

@@ -25,6 +25,10 @@ pub enum ErrorCode {
     InvalidRequest,
     /// The receiver is shutting down or failed.
     BrokerNotAvailable,
+    /// The snapshot asked for is not (or no longer) the one served.
+    SnapshotNotFound,
+    /// A FetchSnapshot position past the snapshot's size.
+    PositionOutOfRange,
 }
 
 /// (exclusive end offset, epoch) of a snapshot (KIP-630).

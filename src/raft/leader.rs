@@ -87,15 +87,22 @@ impl LeaderState {
         if fetch_offset >= leader_end_offset {
             state.last_caught_up_ms = Some(now_ms);
         }
-        if is_voter {
-            self.fetched_since_check.insert(replica);
-            // The leader counts itself.
-            if self.fetched_since_check.len() + 1 >= majority {
-                self.fetched_since_check.clear();
-                self.check_quorum_deadline_ms = now_ms + check_quorum_ms;
-            }
-        }
+        self.record_alive(replica, now_ms, check_quorum_ms, majority);
         is_voter
+    }
+
+    /// A voter was heard from (a Fetch or a FetchSnapshot): it counts toward
+    /// check-quorum. Anyone else is ignored.
+    pub fn record_alive(&mut self, replica: NodeId, now_ms: u64, check_quorum_ms: u64, majority: usize) {
+        if !self.voters.contains_key(&replica) {
+            return;
+        }
+        self.fetched_since_check.insert(replica);
+        // The leader counts itself.
+        if self.fetched_since_check.len() + 1 >= majority {
+            self.fetched_since_check.clear();
+            self.check_quorum_deadline_ms = now_ms + check_quorum_ms;
+        }
     }
 
     /// The high watermark a majority of voters durably holds, counting this

@@ -7,7 +7,8 @@ use rand::{Rng, SeedableRng};
 
 use crate::messages::{
     Batch, BeginQuorumEpochRequest, DescribeQuorumResponse, DivergingEpoch, EndQuorumEpochRequest, ErrorCode,
-    FetchRequest, FetchResponse, QuorumEpochResponse, RaftRequest, RaftResponse, Record, VoteRequest, VoteResponse,
+    FetchRequest, FetchResponse, FetchSnapshotRequest, FetchSnapshotResponse, QuorumEpochResponse, RaftRequest,
+    RaftResponse, Record, SnapshotId, VoteRequest, VoteResponse, MAX_BATCH_BYTES,
 };
 
 use super::accumulator::BatchAccumulator;
@@ -177,6 +178,32 @@ pub enum Action {
         response: FetchResponse,
         read: Option<ReadRange>,
     },
+    /// Answer a FetchSnapshot: fill `response.size` and `response.bytes`
+    /// (at most `max_bytes` from `response.position`) from the local
+    /// snapshot `response.snapshot_id`, or answer SnapshotNotFound /
+    /// PositionOutOfRange when it cannot.
+    RespondFetchSnapshot {
+        to: NodeId,
+        request_id: u64,
+        response: FetchSnapshotResponse,
+        max_bytes: usize,
+    },
+    /// Write a chunk of the snapshot being fetched from the leader at
+    /// `position` (the first chunk starts a new partial file; chunks come in
+    /// order). Not durable, not visible until `InstallSnapshot`.
+    WriteSnapshotChunk {
+        snapshot_id: SnapshotId,
+        size: u64,
+        position: u64,
+        bytes: Vec<u8>,
+    },
+    /// Every chunk is written: validate the snapshot, make it durable and
+    /// visible, replace the whole log by an empty log starting at its end
+    /// offset, and reload the listeners from it. Like `PersistElection`,
+    /// nothing after it is carried out, and no other input reaches the
+    /// engine, until it is done and reported with `on_snapshot_installed`
+    /// (or `on_snapshot_install_failed`).
+    InstallSnapshot(SnapshotId),
     /// The high watermark moved forward to this offset.
     HighWatermark(Offset),
     /// Role, epoch or leader changed.
@@ -191,6 +218,7 @@ enum RequestKind {
     BeginQuorumEpoch,
     EndQuorumEpoch,
     Fetch,
+    FetchSnapshot,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -249,6 +277,18 @@ struct FollowerState {
     /// Set by EndQuorumEpoch: the leader announced it is stepping down.
     leader_resigned: bool,
     next_fetch_ms: u64,
+    /// Set while the leader's snapshot is being fetched instead of the log.
+    snapshot: Option<SnapshotFetch>,
+}
+
+/// A snapshot transfer from the leader (KIP-630).
+#[derive(Debug)]
+struct SnapshotFetch {
+    id: SnapshotId,
+    /// Bytes received so far (the position of the next FetchSnapshot).
+    position: u64,
+    /// `InstallSnapshot` was emitted; waiting for the shell's report.
+    installing: bool,
 }
 
 #[derive(Debug)]
@@ -319,6 +359,9 @@ pub struct RaftNode {
     /// Failed candidacies since this node last saw a leader (exponential
     /// election backoff survives the pre-vote between two candidacies).
     election_retries: u32,
+    /// The newest local snapshot: what a leader sends replicas that fell
+    /// below its log start.
+    latest_snapshot: Option<SnapshotId>,
     actions: Vec<Action>,
 }
 
@@ -348,6 +391,7 @@ impl RaftNode {
             next_correlation_id: 1,
             generation: 0,
             election_retries: 1,
+            latest_snapshot: None,
             actions: Vec::new(),
         };
         let me = node.config.node_id;
@@ -404,9 +448,9 @@ impl RaftNode {
                 let response = RaftResponse::DescribeQuorum(self.describe(self.now_ms));
                 self.respond(from, request_id, response);
             }
-            // Snapshots arrive with the next issue; Append is answered by the
-            // shell, never by the protocol.
-            RaftRequest::FetchSnapshot(_) | RaftRequest::Append(_) => {
+            RaftRequest::FetchSnapshot(req) => self.handle_fetch_snapshot_request(from, request_id, req),
+            // Append is answered by the shell, never by the protocol.
+            RaftRequest::Append(_) => {
                 self.respond(from, request_id, RaftResponse::Error(ErrorCode::InvalidRequest));
             }
         }
@@ -439,6 +483,9 @@ impl RaftNode {
                 }
             }
             RaftResponse::Fetch(resp) => self.handle_fetch_response(from, current, resp),
+            RaftResponse::FetchSnapshot(resp) if sent.kind == RequestKind::FetchSnapshot => {
+                self.handle_fetch_snapshot_response(from, current, resp)
+            }
             RaftResponse::Error(_)
             | RaftResponse::DescribeQuorum(_)
             | RaftResponse::FetchSnapshot(_)
@@ -500,6 +547,63 @@ impl RaftNode {
         }
         if let Role::Leader(_) = self.role {
             self.maybe_advance_leader_high_watermark();
+        }
+        self.poll();
+    }
+
+    /// The newest local snapshot.
+    pub fn latest_snapshot(&self) -> Option<SnapshotId> {
+        self.latest_snapshot
+    }
+
+    /// A snapshot of committed state was written locally (or found at
+    /// start). Snapshots only ever grow newer; one past the high watermark
+    /// would hold uncommitted state and is ignored.
+    pub fn on_snapshot_created(&mut self, now_ms: u64, id: SnapshotId) {
+        self.advance_clock(now_ms);
+        if id.end_offset > self.high_watermark.max(self.log.start_offset()) {
+            tracing::error!(
+                ?id,
+                hw = self.high_watermark,
+                "a snapshot past the high watermark is ignored"
+            );
+            return;
+        }
+        if self
+            .latest_snapshot
+            .is_none_or(|latest| id.end_offset > latest.end_offset)
+        {
+            self.latest_snapshot = Some(id);
+        }
+    }
+
+    /// The shell carried out `InstallSnapshot(id)`: the log is now empty and
+    /// starts at `id.end_offset`.
+    pub fn on_snapshot_installed(&mut self, now_ms: u64, id: SnapshotId) {
+        self.advance_clock(now_ms);
+        debug_assert!(!matches!(self.role, Role::Leader(_)), "a leader never loads a snapshot");
+        self.log = LogView::new(id.end_offset, id.epoch, id.end_offset, Vec::new());
+        self.flush_target = None;
+        self.latest_snapshot = Some(id);
+        if let Role::Follower(f) = &mut self.role {
+            f.snapshot = None;
+            f.next_fetch_ms = now_ms;
+        }
+        if id.end_offset > self.high_watermark {
+            self.high_watermark = id.end_offset;
+            self.actions.push(Action::HighWatermark(id.end_offset));
+        }
+        self.poll();
+    }
+
+    /// `InstallSnapshot(id)` failed (a damaged transfer): nothing changed;
+    /// the transfer starts over.
+    pub fn on_snapshot_install_failed(&mut self, now_ms: u64, id: SnapshotId) {
+        self.advance_clock(now_ms);
+        tracing::warn!(?id, "installing the fetched snapshot failed; fetching it again");
+        if let Role::Follower(f) = &mut self.role {
+            f.snapshot = None;
+            f.next_fetch_ms = now_ms + self.config.retry_backoff_ms.max(1);
         }
         self.poll();
     }
@@ -842,6 +946,7 @@ impl RaftNode {
             last_fetch_success_ms: None,
             leader_resigned: false,
             next_fetch_ms: self.now_ms,
+            snapshot: None,
         }
     }
 
@@ -1019,6 +1124,21 @@ impl RaftNode {
             }
             return;
         }
+        if let Some(snapshot) = &f.snapshot {
+            let due = now >= f.next_fetch_ms && !snapshot.installing;
+            if due && !self.has_inflight(RequestKind::FetchSnapshot) {
+                let request = RaftRequest::FetchSnapshot(FetchSnapshotRequest {
+                    replica_id: self.config.node_id,
+                    current_epoch: self.election.epoch,
+                    snapshot_id: snapshot.id,
+                    position: snapshot.position,
+                    max_bytes: MAX_BATCH_BYTES as u32,
+                });
+                let to = f.leader_id;
+                self.send(to, RequestKind::FetchSnapshot, request);
+            }
+            return;
+        }
         // A voter acknowledges by fetching: only once its log is durable.
         let durable = !self.log.has_unflushed() || !self.config.is_voter();
         if now >= f.next_fetch_ms && durable && !self.has_inflight(RequestKind::Fetch) {
@@ -1151,7 +1271,9 @@ impl RaftNode {
         }
         let retry = self.now_ms + self.config.retry_backoff_ms.max(1);
         match &mut self.role {
-            Role::Follower(f) if sent.kind == RequestKind::Fetch => f.next_fetch_ms = retry,
+            Role::Follower(f) if matches!(sent.kind, RequestKind::Fetch | RequestKind::FetchSnapshot) => {
+                f.next_fetch_ms = retry
+            }
             Role::Prospective(round) => {
                 round.retry_at_ms.insert(sent.to, retry);
             }
@@ -1486,6 +1608,7 @@ impl RaftNode {
             RaftResponse::Vote(r) => (r.epoch, r.leader_id),
             RaftResponse::BeginQuorumEpoch(r) | RaftResponse::EndQuorumEpoch(r) => (r.epoch, r.leader_id),
             RaftResponse::Fetch(r) => (r.epoch, r.leader_id),
+            RaftResponse::FetchSnapshot(r) => (r.epoch, r.leader_id),
             _ => return,
         };
         self.maybe_follow_response_epoch(epoch, leader);
@@ -1531,24 +1654,19 @@ impl RaftNode {
         if replica == self.config.node_id || req.fetch_offset < 0 {
             return reply_error(self, ErrorCode::InvalidRequest);
         }
-        // Below the log start the replica needs a snapshot (KIP-630).
-        if req.fetch_offset < self.log.start_offset() {
+        // KIP-630: a replica below our log start, or one that would have to
+        // truncate to (or below) it to agree with us, gets our snapshot.
+        let start = self.log.start_offset();
+        let diverging = self.validate_fetch_position(req.fetch_offset, req.last_fetched_epoch);
+        let needs_snapshot =
+            req.fetch_offset < start || (start > 0 && diverging.is_some_and(|d| d.end_offset <= start));
+        if needs_snapshot || diverging.is_some() {
             let mut response = self.fetch_error(ErrorCode::None);
-            response.snapshot_id = Some(crate::messages::SnapshotId {
-                end_offset: self.log.start_offset(),
-                epoch: self.log.epoch_before(self.log.start_offset()),
-            });
-            self.actions.push(Action::RespondFetch {
-                to: replica,
-                request_id,
-                response,
-                read: None,
-            });
-            return;
-        }
-        if let Some(diverging) = self.validate_fetch_position(req.fetch_offset, req.last_fetched_epoch) {
-            let mut response = self.fetch_error(ErrorCode::None);
-            response.diverging_epoch = Some(diverging);
+            if needs_snapshot {
+                response.snapshot_id = Some(self.snapshot_at_log_start());
+            } else {
+                response.diverging_epoch = diverging;
+            }
             self.actions.push(Action::RespondFetch {
                 to: replica,
                 request_id,
@@ -1594,6 +1712,125 @@ impl RaftNode {
             self.complete_parked(parked);
         } else {
             self.parked.push(parked);
+        }
+    }
+
+    /// The snapshot a replica below the log start must fetch: the newest
+    /// local one (the log start only moves up to a snapshot's end).
+    fn snapshot_at_log_start(&self) -> SnapshotId {
+        let start = self.log.start_offset();
+        match self.latest_snapshot {
+            Some(id) if id.end_offset >= start => id,
+            _ => SnapshotId {
+                end_offset: start,
+                epoch: self.log.epoch_before(start),
+            },
+        }
+    }
+
+    fn handle_fetch_snapshot_request(&mut self, from: NodeId, request_id: u64, req: FetchSnapshotRequest) {
+        let now = self.now_ms;
+        let error = if !matches!(self.role, Role::Leader(_)) {
+            ErrorCode::NotLeaderOrFollower
+        } else if req.current_epoch < self.election.epoch {
+            ErrorCode::FencedLeaderEpoch
+        } else if req.current_epoch > self.election.epoch {
+            ErrorCode::UnknownLeaderEpoch
+        } else if req.replica_id != from || from == self.config.node_id {
+            ErrorCode::InvalidRequest
+        } else if self.latest_snapshot != Some(req.snapshot_id) {
+            ErrorCode::SnapshotNotFound
+        } else {
+            ErrorCode::None
+        };
+        let response = FetchSnapshotResponse {
+            error,
+            epoch: self.election.epoch,
+            leader_id: self.leader_id(),
+            snapshot_id: req.snapshot_id,
+            size: 0,
+            position: req.position,
+            bytes: Vec::new(),
+        };
+        if error != ErrorCode::None {
+            self.respond(from, request_id, RaftResponse::FetchSnapshot(response));
+            return;
+        }
+        // A voter fetching a snapshot is alive for check-quorum, as in Kafka.
+        let check_quorum_ms = self.check_quorum_ms();
+        let majority = self.config.majority();
+        if let Role::Leader(leader) = &mut self.role {
+            leader.record_alive(from, now, check_quorum_ms, majority);
+        }
+        self.actions.push(Action::RespondFetchSnapshot {
+            to: from,
+            request_id,
+            response,
+            max_bytes: (req.max_bytes as usize).min(MAX_BATCH_BYTES),
+        });
+    }
+
+    fn handle_fetch_snapshot_response(&mut self, from: NodeId, current: bool, resp: FetchSnapshotResponse) {
+        if self.maybe_follow_response_epoch(resp.epoch, resp.leader_id) || !current {
+            return;
+        }
+        let now = self.now_ms;
+        let retry = now + self.config.retry_backoff_ms.max(1);
+        let Role::Follower(f) = &mut self.role else { return };
+        if f.leader_id != from || resp.epoch != self.election.epoch {
+            return;
+        }
+        let Some(snapshot) = &mut f.snapshot else { return };
+        if snapshot.installing || resp.snapshot_id != snapshot.id {
+            return;
+        }
+        match resp.error {
+            ErrorCode::None => {}
+            // The leader moved on to a newer snapshot (or lost this one):
+            // fetch the log again, which names the snapshot to get now.
+            ErrorCode::SnapshotNotFound | ErrorCode::PositionOutOfRange => {
+                tracing::info!(leader = from, id = ?snapshot.id, error = ?resp.error, "snapshot fetch restarts");
+                f.snapshot = None;
+                f.next_fetch_ms = retry;
+                return;
+            }
+            _ => {
+                f.next_fetch_ms = retry;
+                return;
+            }
+        }
+        let end = resp.position.checked_add(resp.bytes.len() as u64);
+        let valid = resp.position == snapshot.position
+            && end.is_some_and(|end| end <= resp.size)
+            && (!resp.bytes.is_empty() || resp.position == resp.size);
+        if !valid {
+            tracing::error!(
+                leader = from,
+                position = resp.position,
+                len = resp.bytes.len(),
+                size = resp.size,
+                expected = snapshot.position,
+                "invalid snapshot chunk; the transfer starts over"
+            );
+            f.snapshot = None;
+            f.next_fetch_ms = retry;
+            return;
+        }
+        f.last_fetch_success_ms = Some(now);
+        f.fetch_deadline_ms = now + self.config.fetch_timeout_ms;
+        f.next_fetch_ms = now;
+        snapshot.position += resp.bytes.len() as u64;
+        let id = snapshot.id;
+        let done = snapshot.position == resp.size;
+        snapshot.installing = done;
+        self.actions.push(Action::WriteSnapshotChunk {
+            snapshot_id: id,
+            size: resp.size,
+            position: resp.position,
+            bytes: resp.bytes,
+        });
+        if done {
+            self.actions.push(Action::InstallSnapshot(id));
         }
     }
 
@@ -1724,13 +1961,18 @@ impl RaftNode {
             self.truncate_log(target);
             return;
         }
-        if resp.snapshot_id.is_some() {
-            // FetchSnapshot arrives with the snapshot issue.
-            tracing::warn!(
-                leader = from,
-                "leader asks for a snapshot fetch, which this version cannot do yet"
-            );
-            f.next_fetch_ms = now + self.config.fetch_timeout_ms;
+        if let Some(id) = resp.snapshot_id {
+            // Our log is below the leader's log start: fetch its snapshot
+            // (resumable by position), install it, then fetch the log again.
+            f.last_fetch_success_ms = Some(now);
+            f.fetch_deadline_ms = now + self.config.fetch_timeout_ms;
+            f.next_fetch_ms = now;
+            tracing::info!(leader = from, ?id, "fetching the leader's snapshot");
+            f.snapshot = Some(SnapshotFetch {
+                id,
+                position: 0,
+                installing: false,
+            });
             return;
         }
         // Validate the whole response before writing any of it.

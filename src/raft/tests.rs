@@ -1595,3 +1595,279 @@ fn a_leader_tracks_a_bounded_number_of_observers() {
         other => panic!("{other:?}"),
     }
 }
+
+// ---------------------------------------------------------------- snapshots (KIP-630)
+
+const SNAPSHOT: SnapshotId = SnapshotId {
+    end_offset: 100,
+    epoch: 2,
+};
+
+/// The single voter 1 leading epoch 4 over a log that starts at the end of
+/// [`SNAPSHOT`] (everything below was compacted into it).
+fn leader_with_snapshot() -> (RaftNode, Epoch) {
+    let election = ElectionState {
+        epoch: 3,
+        voted_for: Some(1),
+        leader_id: Some(1),
+    };
+    let log = LogView::new(100, 2, 150, vec![(3, 120)]);
+    let mut node = RaftNode::new(config(1, &[1]), election, log, 0, 7);
+    node.on_snapshot_created(0, SNAPSHOT);
+    assert_eq!(node.role().role, RoleKind::Leader);
+    node.take_actions();
+    let epoch = node.role().epoch;
+    (node, epoch)
+}
+
+fn fetch_response(actions: &[Action]) -> FetchResponse {
+    match responses(actions).last() {
+        Some(RaftResponse::Fetch(f)) => f.clone(),
+        other => panic!("no fetch response: {other:?}"),
+    }
+}
+
+#[test]
+fn a_fetch_below_the_log_start_is_sent_to_the_snapshot() {
+    let (mut node, epoch) = leader_with_snapshot();
+    node.handle_request(1, 7, 1, fetch_req(7, epoch, 50, 1, 0));
+    let response = fetch_response(&node.take_actions());
+    assert_eq!((response.snapshot_id, response.diverging_epoch), (Some(SNAPSHOT), None));
+    assert!(response.batches.is_empty());
+
+    // At the log start, but with another epoch there: also the snapshot.
+    node.handle_request(2, 7, 2, fetch_req(7, epoch, 100, 1, 0));
+    assert_eq!(fetch_response(&node.take_actions()).snapshot_id, Some(SNAPSHOT));
+
+    // At the log start with the snapshot's epoch: the log itself.
+    node.handle_request(3, 7, 3, fetch_req(7, epoch, 100, 2, 0));
+    let actions = node.take_actions();
+    let response = fetch_response(&actions);
+    assert_eq!((response.snapshot_id, response.diverging_epoch), (None, None));
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::RespondFetch { read: Some(r), .. } if r.from == 100)));
+}
+
+#[test]
+fn a_diverging_fetch_that_would_truncate_into_the_snapshot_gets_the_snapshot() {
+    let (mut node, epoch) = leader_with_snapshot();
+    // Offset 130 in epoch 1: our epoch 1 ended below the log start.
+    node.handle_request(1, 7, 1, fetch_req(7, epoch, 130, 1, 0));
+    assert_eq!(fetch_response(&node.take_actions()).snapshot_id, Some(SNAPSHOT));
+    // Offset 130 in epoch 3: it agrees with us; no snapshot, no divergence.
+    node.handle_request(2, 7, 2, fetch_req(7, epoch, 130, 3, 0));
+    let response = fetch_response(&node.take_actions());
+    assert_eq!((response.snapshot_id, response.diverging_epoch), (None, None));
+}
+
+#[test]
+fn the_leader_serves_only_its_latest_snapshot() {
+    let (mut node, epoch) = leader_with_snapshot();
+    let fetch_snapshot = |id: SnapshotId, epoch: Epoch| {
+        RaftRequest::FetchSnapshot(FetchSnapshotRequest {
+            replica_id: 7,
+            current_epoch: epoch,
+            snapshot_id: id,
+            position: 4096,
+            max_bytes: u32::MAX,
+        })
+    };
+    node.handle_request(1, 7, 1, fetch_snapshot(SNAPSHOT, epoch));
+    match node.take_actions().as_slice() {
+        [Action::RespondFetchSnapshot {
+            to: 7,
+            request_id: 1,
+            response,
+            max_bytes,
+        }] => {
+            assert_eq!(
+                (response.error, response.snapshot_id, response.position),
+                (ErrorCode::None, SNAPSHOT, 4096)
+            );
+            assert_eq!(*max_bytes, MAX_BATCH_BYTES, "chunks are at most 8 MiB");
+        }
+        other => panic!("{other:?}"),
+    }
+    let older = SnapshotId {
+        end_offset: 60,
+        epoch: 1,
+    };
+    let cases = [
+        (fetch_snapshot(older, epoch), ErrorCode::SnapshotNotFound),
+        (fetch_snapshot(SNAPSHOT, epoch - 1), ErrorCode::FencedLeaderEpoch),
+        (fetch_snapshot(SNAPSHOT, epoch + 1), ErrorCode::UnknownLeaderEpoch),
+    ];
+    for (i, (request, expected)) in cases.into_iter().enumerate() {
+        node.handle_request(2, 7, 2 + i as u64, request);
+        match responses(&node.take_actions()).last() {
+            Some(RaftResponse::FetchSnapshot(r)) => assert_eq!(r.error, expected),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_snapshot_past_the_high_watermark_is_never_registered() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    node.on_snapshot_created(
+        0,
+        SnapshotId {
+            end_offset: 5,
+            epoch: 1,
+        },
+    );
+    assert_eq!(node.latest_snapshot(), None);
+}
+
+/// Node 1 follows leader 2 in epoch 5 over an old log of 10 records.
+fn follower_behind_the_log_start() -> RaftNode {
+    let election = ElectionState {
+        epoch: 5,
+        voted_for: None,
+        leader_id: Some(2),
+    };
+    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
+    assert_eq!(node.role().role, RoleKind::Follower);
+    let actions = node.take_actions();
+    let (to, corr, request) = sent(&actions).pop().expect("a fetch");
+    assert!(matches!(request, RaftRequest::Fetch(_)));
+    node.handle_response(
+        1,
+        to,
+        corr,
+        RaftResponse::Fetch(FetchResponse {
+            error: ErrorCode::None,
+            epoch: 5,
+            leader_id: Some(2),
+            high_watermark: 300,
+            log_start_offset: 200,
+            diverging_epoch: None,
+            snapshot_id: Some(SnapshotId {
+                end_offset: 200,
+                epoch: 4,
+            }),
+            batches: Vec::new(),
+        }),
+    );
+    node
+}
+
+fn chunk(position: u64, len: usize, size: u64) -> RaftResponse {
+    RaftResponse::FetchSnapshot(FetchSnapshotResponse {
+        error: ErrorCode::None,
+        epoch: 5,
+        leader_id: Some(2),
+        snapshot_id: SnapshotId {
+            end_offset: 200,
+            epoch: 4,
+        },
+        size,
+        position,
+        bytes: vec![7; len],
+    })
+}
+
+fn next_request(node: &mut RaftNode) -> (u64, RaftRequest) {
+    let (_, corr, request) = sent(&node.take_actions()).pop().expect("a request");
+    (corr, request)
+}
+
+#[test]
+fn a_follower_fetches_the_snapshot_in_chunks_installs_it_then_fetches_the_log() {
+    let mut node = follower_behind_the_log_start();
+    let id = SnapshotId {
+        end_offset: 200,
+        epoch: 4,
+    };
+    let (corr, request) = next_request(&mut node);
+    match &request {
+        RaftRequest::FetchSnapshot(r) => assert_eq!((r.snapshot_id, r.position, r.current_epoch), (id, 0, 5)),
+        other => panic!("{other:?}"),
+    }
+    node.handle_response(2, 2, corr, chunk(0, 10, 25));
+    let actions = node.take_actions();
+    assert!(matches!(
+        &actions[0],
+        Action::WriteSnapshotChunk { position: 0, size: 25, bytes, .. } if bytes.len() == 10
+    ));
+    let (corr, request) = sent(&actions)
+        .pop()
+        .map(|(_, c, r)| (c, r))
+        .expect("the next chunk is asked for");
+    assert!(
+        matches!(request, RaftRequest::FetchSnapshot(ref r) if r.position == 10),
+        "resumes at 10: {request:?}"
+    );
+
+    node.handle_response(3, 2, corr, chunk(10, 15, 25));
+    let actions = node.take_actions();
+    let install = position(&actions, |a| matches!(a, Action::InstallSnapshot(i) if *i == id));
+    assert!(
+        install
+            > position(&actions, |a| matches!(
+                a,
+                Action::WriteSnapshotChunk { position: 10, .. }
+            ))
+    );
+    assert!(
+        sent(&actions).is_empty(),
+        "nothing is fetched while the snapshot installs"
+    );
+    node.tick(4);
+    assert!(sent(&node.take_actions()).is_empty());
+
+    node.on_snapshot_installed(5, id);
+    let actions = node.take_actions();
+    assert_eq!((node.log().start_offset(), node.log().end_offset()), (200, 200));
+    assert_eq!(node.high_watermark(), 200);
+    assert_eq!(node.latest_snapshot(), Some(id));
+    assert!(actions.contains(&Action::HighWatermark(200)));
+    match sent(&actions).pop() {
+        Some((2, _, RaftRequest::Fetch(f))) => assert_eq!((f.fetch_offset, f.last_fetched_epoch), (200, 4)),
+        other => panic!("expected a fetch from the snapshot's end: {other:?}"),
+    }
+}
+
+#[test]
+fn a_bad_chunk_or_a_vanished_snapshot_restarts_from_a_fetch() {
+    for bad in [chunk(5, 10, 25), chunk(0, 30, 25), {
+        let mut gone = chunk(0, 0, 0);
+        if let RaftResponse::FetchSnapshot(r) = &mut gone {
+            r.error = ErrorCode::SnapshotNotFound;
+        }
+        gone
+    }] {
+        let mut node = follower_behind_the_log_start();
+        let (corr, _) = next_request(&mut node);
+        node.handle_response(2, 2, corr, bad.clone());
+        let actions = node.take_actions();
+        assert!(
+            !actions.iter().any(|a| matches!(a, Action::WriteSnapshotChunk { .. })),
+            "{bad:?} is not written"
+        );
+        node.tick(1_000);
+        let (_, request) = next_request(&mut node);
+        assert!(matches!(request, RaftRequest::Fetch(_)), "after {bad:?}: {request:?}");
+    }
+}
+
+#[test]
+fn a_failed_install_fetches_the_snapshot_again() {
+    let mut node = follower_behind_the_log_start();
+    let id = SnapshotId {
+        end_offset: 200,
+        epoch: 4,
+    };
+    let (corr, _) = next_request(&mut node);
+    node.handle_response(2, 2, corr, chunk(0, 25, 25));
+    node.take_actions();
+    node.on_snapshot_install_failed(3, id);
+    assert_eq!(node.log().end_offset(), 10, "the old log is kept");
+    node.tick(1_000);
+    let (_, request) = next_request(&mut node);
+    assert!(
+        matches!(request, RaftRequest::Fetch(ref f) if f.fetch_offset == 10),
+        "{request:?}"
+    );
+}

@@ -51,6 +51,7 @@ use std::ops::Bound;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use super::{
     check_append, check_election_transition, EpochCache, Identity, LogStore, ReadBudget, Result, StorageError,
@@ -681,23 +682,49 @@ fn key_offset(key: &[u8]) -> Option<Offset> {
     Some(Offset::from_be_bytes(bytes))
 }
 
+/// How long an open waits for the database's file lock. A `sled::Db`
+/// dropped in this process releases the lock only when sled's background
+/// flusher notices (within its 500 ms period), so an immediate reopen — a
+/// restart inside one process, or a retry after a refused open — must wait
+/// for it; a live node holding the lock keeps it, and the open fails.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
 /// Opens the database. sled can panic on some damaged files; that is turned
 /// into an error, since nothing read from disk may take the node down
 /// without saying what was wrong.
 fn open_sled(sled_dir: &Path) -> Result<sled::Db> {
-    let config = sled::Config::new().path(sled_dir);
-    match catch_unwind(AssertUnwindSafe(|| config.open())) {
-        Ok(opened) => opened.map_err(|e| match e {
-            sled::Error::Io(io) => StorageError::Io(io),
-            other => StorageError::Sled(format!(
-                "cannot open the sled database in {}: {other}",
-                sled_dir.display()
-            )),
-        }),
-        Err(_) => Err(StorageError::Sled(format!(
-            "sled panicked while opening the database in {} (damaged files?)",
-            sled_dir.display()
-        ))),
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        let config = sled::Config::new().path(sled_dir);
+        match catch_unwind(AssertUnwindSafe(|| config.open())) {
+            Ok(Ok(db)) => return Ok(db),
+            // sled reports a held lock as an `Other` error with this text.
+            Ok(Err(sled::Error::Io(io))) if io.to_string().contains("could not acquire lock") => {
+                if Instant::now() >= deadline {
+                    return Err(StorageError::Io(std::io::Error::new(
+                        io.kind(),
+                        format!(
+                            "the database in {} is locked: is another node using this data directory? ({io})",
+                            sled_dir.display()
+                        ),
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(Err(sled::Error::Io(io))) => return Err(StorageError::Io(io)),
+            Ok(Err(other)) => {
+                return Err(StorageError::Sled(format!(
+                    "cannot open the sled database in {}: {other}",
+                    sled_dir.display()
+                )))
+            }
+            Err(_) => {
+                return Err(StorageError::Sled(format!(
+                    "sled panicked while opening the database in {} (damaged files?)",
+                    sled_dir.display()
+                )))
+            }
+        }
     }
 }
 

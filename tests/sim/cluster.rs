@@ -1123,6 +1123,16 @@ impl Sim {
                 }
                 self.respond(id, to, request_id, RaftResponse::Fetch(response))?;
             }
+            // No node of this simulation has a snapshot, so no leader may
+            // redirect a fetch to one.
+            action @ (Action::RespondFetchSnapshot { .. }
+            | Action::WriteSnapshotChunk { .. }
+            | Action::InstallSnapshot(_)) => {
+                return Err(violation(
+                    ENGINE_CONTRACT,
+                    format!("node {id} acts on a snapshot where none exists: {action:?}"),
+                ));
+            }
             Action::HighWatermark(hw) => {
                 self.inv.monotonic.on_hw(&self.nodes[ix(id)], hw)?;
                 self.node_mut(id).hw = hw;

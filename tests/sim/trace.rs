@@ -217,6 +217,35 @@ impl Trace {
                     self.i64(r.until);
                 }
             }
+            Action::RespondFetchSnapshot {
+                to,
+                request_id,
+                response,
+                max_bytes,
+            } => {
+                self.tag(30);
+                self.i64(*to as i64);
+                self.u64(*request_id);
+                self.i64(response.snapshot_id.end_offset);
+                self.u64(response.position);
+                self.u64(*max_bytes as u64);
+            }
+            Action::WriteSnapshotChunk {
+                snapshot_id,
+                position,
+                bytes,
+                ..
+            } => {
+                self.tag(31);
+                self.i64(snapshot_id.end_offset);
+                self.u64(*position);
+                self.u64(bytes.len() as u64);
+            }
+            Action::InstallSnapshot(id) => {
+                self.tag(32);
+                self.i64(id.end_offset);
+                self.i64(id.epoch as i64);
+            }
             Action::HighWatermark(o) => {
                 self.tag(28);
                 self.i64(*o);
@@ -269,6 +298,25 @@ pub fn describe_action(action: &Action) -> String {
             "respond-fetch r{request_id} to {to}: err {:?} epoch {} leader {:?} hw {} diverging {:?} read {:?}",
             response.error, response.epoch, response.leader_id, response.high_watermark, response.diverging_epoch, read
         ),
+        Action::RespondFetchSnapshot {
+            to,
+            request_id,
+            response,
+            max_bytes,
+        } => format!(
+            "respond-fetch-snapshot r{request_id} to {to}: {:?} from {} max {max_bytes}",
+            response.snapshot_id, response.position
+        ),
+        Action::WriteSnapshotChunk {
+            snapshot_id,
+            size,
+            position,
+            bytes,
+        } => format!(
+            "write snapshot {snapshot_id:?} [{position}, +{}) of {size}",
+            bytes.len()
+        ),
+        Action::InstallSnapshot(id) => format!("install snapshot {id:?}"),
         Action::HighWatermark(o) => format!("high watermark {o}"),
         Action::RoleChanged(info) => format!(
             "role {} epoch {} leader {:?} voted {:?}",
