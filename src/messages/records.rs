@@ -12,8 +12,8 @@ use crate::raft::{Epoch, NodeId, Offset};
 /// Largest batch, and largest fetch response, in bytes (Kafka's 8 MiB).
 pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
-/// One entry of the log. Control records (LeaderChange, and later
-/// SnapshotHeader/SnapshotFooter) always sit in a batch of their own.
+/// One entry of the log or of a snapshot. Control records (LeaderChange,
+/// SnapshotHeader, SnapshotFooter) always sit in a batch of their own.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Record {
     /// An opaque data record (the raw records of `POST /v1/append`).
@@ -27,6 +27,18 @@ pub enum Record {
     /// Appended by an idle leader every `metadata.max_idle_interval_ms` so
     /// followers and listeners see a moving high watermark.
     NoOp,
+    // New variants go at the end: bincode encodes the variant index, so the
+    // order above is part of the log and snapshot formats.
+    /// The only record of a snapshot's first batch (KIP-630): the version of
+    /// this record's layout and the timestamp of the last log record the
+    /// snapshot contains. Never appended to the log.
+    SnapshotHeader {
+        version: u16,
+        last_contained_timestamp_ms: i64,
+    },
+    /// The only record of a snapshot's last batch (KIP-630). Never appended
+    /// to the log.
+    SnapshotFooter { version: u16 },
 }
 
 impl Record {
@@ -36,11 +48,16 @@ impl Record {
             Record::Data(_) => "data",
             Record::LeaderChange { .. } => "leader_change",
             Record::NoOp => "noop",
+            Record::SnapshotHeader { .. } => "snapshot_header",
+            Record::SnapshotFooter { .. } => "snapshot_footer",
         }
     }
 
     pub fn is_control(&self) -> bool {
-        matches!(self, Record::LeaderChange { .. })
+        matches!(
+            self,
+            Record::LeaderChange { .. } | Record::SnapshotHeader { .. } | Record::SnapshotFooter { .. }
+        )
     }
 
     /// Bytes this record adds to a batch, used by the accumulator's size cap.
@@ -53,6 +70,9 @@ impl Record {
                 ..
             } => 16 + 4 * (voters.len() + granting_voters.len()),
             Record::NoOp => 4,
+            // Variant index + version + timestamp; variant index + version.
+            Record::SnapshotHeader { .. } => 14,
+            Record::SnapshotFooter { .. } => 6,
         }
     }
 }
@@ -152,6 +172,33 @@ mod tests {
         let mut batch = Batch::new(7, 3, &records);
         batch.epoch = 4;
         assert!(!batch.verify(), "the header is covered by the CRC");
+    }
+
+    #[test]
+    fn snapshot_control_records_keep_the_older_variant_indexes() {
+        use crate::messages::codec::encode;
+        // The variant index is the first four bytes (fixint, big-endian).
+        assert_eq!(encode(&Record::NoOp), vec![0, 0, 0, 2]);
+        let header = Record::SnapshotHeader {
+            version: 0,
+            last_contained_timestamp_ms: 7,
+        };
+        let footer = Record::SnapshotFooter { version: 0 };
+        assert_eq!(encode(&header)[..4], [0, 0, 0, 3]);
+        assert_eq!(encode(&footer)[..4], [0, 0, 0, 4]);
+        for record in [header, footer] {
+            assert!(record.is_control());
+            assert_eq!(encode(&record).len(), record.encoded_len());
+        }
+        assert_eq!(
+            Record::SnapshotHeader {
+                version: 0,
+                last_contained_timestamp_ms: 0
+            }
+            .kind(),
+            "snapshot_header"
+        );
+        assert_eq!(Record::SnapshotFooter { version: 0 }.kind(), "snapshot_footer");
     }
 
     #[test]

@@ -7,12 +7,14 @@
 
 pub mod memory;
 pub mod sled_store;
+pub mod snapshot;
 
 use crate::messages::Batch;
 use crate::raft::{ElectionState, Epoch, NodeId, Offset};
 
 pub use memory::MemoryStore;
 pub use sled_store::SledStore;
+pub use snapshot::{SnapshotError, SnapshotInstaller, SnapshotMeta, SnapshotReader, SnapshotWriter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {

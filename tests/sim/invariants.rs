@@ -722,6 +722,12 @@ impl Durability {
                     }
                 }
                 Record::NoOp => {}
+                Record::SnapshotHeader { .. } | Record::SnapshotFooter { .. } => {
+                    return fail(
+                        DURABILITY,
+                        format!("snapshot control record {record:?} in the log at {offset}"),
+                    );
+                }
             }
         }
         Ok(())
