@@ -49,6 +49,9 @@ struct Cli {
 enum Command {
     /// Run a node until SIGTERM or SIGINT (the default).
     Run,
+    /// Ask the node running with this config (at its `listeners.http`) to
+    /// write a snapshot now; prints the snapshot as JSON.
+    Snapshot,
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,48 @@ fn main() -> ExitCode {
             let code = actix_rt::System::new().block_on(run(config));
             ExitCode::from(code)
         }
+        Command::Snapshot => match request_snapshot(config.listeners.http) {
+            Ok(body) => {
+                println!("{body}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("kraft: snapshot: {err}");
+                ExitCode::from(1)
+            }
+        },
+    }
+}
+
+/// `POST /v1/snapshot` to a running node over plain HTTP/1.1; the body on
+/// a 200, else an error with the status line and body.
+fn request_snapshot(http: std::net::SocketAddr) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut addr = http;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("cannot reach the node at {addr}: {e}"))?;
+    // Writing a large snapshot takes a while; waiting is the point.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(600)))
+        .map_err(|e| e.to_string())?;
+    let request =
+        format!("POST /v1/snapshot HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("cannot send the request: {e}"))?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| format!("no answer from {addr}: {e}"))?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((response.as_str(), ""));
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) == Some("200") {
+        Ok(body.trim().to_string())
+    } else {
+        Err(format!("{status}: {}", body.trim()))
     }
 }
 

@@ -20,28 +20,31 @@
 //! arbiter: opening the store runs on a blocking-pool thread.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Actor, Addr, AsyncContext, Context, Message, Recipient};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::actors::fetch_purgatory::{FetchPurgatory, GetCommitStats, StopPurgatory};
 use crate::actors::log_appender::{AppenderStore, LogAppender, StorageEvent, StorageWorker};
 use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
+pub use crate::actors::quorum_state::SnapshotInfo;
 use crate::actors::quorum_state::{
-    AppendForwarder, Describe, GetMetrics, Propose, QuorumPeers, QuorumState, ReadCommitted, Shutdown, StopForwarder,
-    StopReason,
+    AppendForwarder, CreateSnapshot, Describe, GetMetrics, Propose, QuorumPeers, QuorumState, ReadCommitted, Shutdown,
+    StopForwarder, StopReason,
 };
 use crate::actors::request_manager::RequestManager;
+use crate::actors::snapshot_policy::{HeldSnapshot, SnapshotPolicy};
 use crate::actors::transport::{self, RaftServer};
 use crate::config::Config;
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
-use crate::messages::Record;
+use crate::messages::{Record, SnapshotId};
 use crate::raft::{ElectionState, Epoch, LogView, NodeId, Offset, RaftNode};
-use crate::storage::{LogStore, SledStore, StorageError};
+use crate::storage::{snapshot, LogStore, SledStore, StorageError};
 
 /// Where committed records landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -222,12 +225,18 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
     // sled's open recovers the log and fsyncs: never on the arbiter.
     let dir = config.node.data_dir.clone();
     let open_cluster_id = cluster_id.clone();
-    let (store, election, log) = tokio::task::spawn_blocking(move || -> Result<_, StorageError> {
+    let (store, held, election, log) = tokio::task::spawn_blocking(move || -> Result<_, StorageError> {
         std::fs::create_dir_all(&dir)?;
-        let store = SledStore::open(&dir, &open_cluster_id, node_id)?;
+        let mut store = SledStore::open(&dir, &open_cluster_id, node_id)?;
+        let held = recover_snapshots(&dir, &mut store)?;
         let election = store.election_state()?;
-        let log = LogView::new(store.start_offset(), 0, store.end_offset(), store.epoch_cache());
-        Ok((store, election, log))
+        let log = LogView::new(
+            store.start_offset(),
+            store.start_epoch(),
+            store.end_offset(),
+            store.epoch_cache(),
+        );
+        Ok((store, held, election, log))
     })
     .await
     .map_err(|e| StartError::Other(format!("the task opening the store failed: {e}")))??;
@@ -266,8 +275,9 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
     let raft_addr = server.local_addr();
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
-    let (appender, storage_thread) = LogAppender::spawn(node_id, Box::new(store), events_tx)
-        .map_err(|e| StartError::Other(format!("cannot start the storage thread: {e}")))?;
+    let (appender, storage_thread) =
+        LogAppender::spawn(node_id, Box::new(store), Some(config.node.data_dir.clone()), events_tx)
+            .map_err(|e| StartError::Other(format!("cannot start the storage thread: {e}")))?;
     let voters = config.quorum.voters.clone();
     let max_frame_bytes = config.listeners.max_frame_bytes;
     let request_timeout_ms = config.quorum.request_timeout_ms;
@@ -290,6 +300,7 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
         election,
         log,
         storage: (appender, events_rx, StorageWorker::Thread(storage_thread)),
+        held,
         server: Some(server),
         raft_addr,
         connect: &connect,
@@ -301,8 +312,10 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
 
 /// A node over a store and a network of the caller's choosing, for
 /// embedders with their own transport and for the actor-level simulator
-/// (`tests/actor_sim.rs`), which runs whole nodes — the same actors as
-/// [`start`] — on one thread with a paused tokio clock.
+/// (`tests/actor_simulation.rs`), which runs whole nodes — the actors of
+/// [`start`], with its own network in place of the TCP transport and the
+/// storage loop on a task — on one thread with a paused tokio clock. Must be
+/// called inside an actix System.
 pub struct CustomNode {
     /// The `node`, `quorum`, `log` and `metadata` keys are used; the
     /// listeners are not (there is no TCP).
@@ -310,6 +323,8 @@ pub struct CustomNode {
     /// Opened and recovered already. It runs on a task of the current
     /// runtime (never on a thread), so it must not block.
     pub store: Box<dyn AppenderStore>,
+    /// Where snapshot files live; None keeps none (snapshots are refused).
+    pub snapshot_dir: Option<PathBuf>,
     /// How long each group of storage commands waits before it is applied
     /// (the disk's latency, in the runtime's time).
     pub flush_delay: Duration,
@@ -327,23 +342,34 @@ pub struct CustomNode {
 pub fn start_custom(custom: CustomNode) -> Result<(NodeHandle, Recipient<InboundRequest>), StartError> {
     let CustomNode {
         config,
-        store,
+        mut store,
+        snapshot_dir,
         flush_delay,
         connect,
         seed,
     } = custom;
+    let held = match &snapshot_dir {
+        Some(dir) => recover_snapshots(dir, &mut *store)?,
+        None => Vec::new(),
+    };
     let election = store.election_state()?;
-    let log = LogView::new(store.start_offset(), 0, store.end_offset(), store.epoch_cache());
+    let log = LogView::new(
+        store.start_offset(),
+        store.start_epoch(),
+        store.end_offset(),
+        store.epoch_cache(),
+    );
     let quorum_ctx: Context<QuorumState> = Context::new();
     let inbound = quorum_ctx.address().recipient();
     let (events_tx, events_rx) = mpsc::unbounded_channel();
-    let (appender, task) = LogAppender::spawn_task(store, events_tx, flush_delay);
+    let (appender, task) = LogAppender::spawn_task(store, snapshot_dir, events_tx, flush_delay);
     let handle = launch(Launch {
         config: &config,
         quorum_ctx,
         election,
         log,
         storage: (appender, events_rx, StorageWorker::Task(task)),
+        held,
         server: None,
         raft_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
         connect: &*connect,
@@ -360,6 +386,8 @@ struct Launch<'a> {
     election: ElectionState,
     log: LogView,
     storage: (LogAppender, mpsc::UnboundedReceiver<StorageEvent>, StorageWorker),
+    /// Valid snapshot files found at start (id, size), newest first.
+    held: Vec<(SnapshotId, u64)>,
     server: Option<RaftServer>,
     raft_addr: SocketAddr,
     connect: &'a dyn Fn(Recipient<RequestOutcome>) -> Recipient<SendRequest>,
@@ -375,6 +403,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         election,
         log,
         storage: (appender, events_rx, storage_worker),
+        held,
         server,
         raft_addr,
         connect,
@@ -383,17 +412,31 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
     let node_id = config.node.id;
     let cluster_id = config.node.cluster_id.clone();
     let quorum = quorum_ctx.address();
-    let log_start = log.start_offset();
 
     let purgatory = FetchPurgatory::new().start();
-    let listeners = MetadataListeners::new(node_id, appender.clone(), log_start).start();
+    // Listeners start at offset 0 even when the log starts later: the
+    // records below the log start are read from the newest snapshot, which
+    // holds every one of them.
+    let listeners = MetadataListeners::new(node_id, appender.clone(), 0).start();
     let requests = connect(quorum.clone().recipient());
     let forwarder_voters = config.quorum.voters.clone();
     let forwarder =
         AppendForwarder::create(|ctx| AppendForwarder::new(connect(ctx.address().recipient()), forwarder_voters));
 
     let (on_stopped, quorum_stopped) = oneshot::channel();
-    let engine = RaftNode::new(config.raft_config(), election, log, 0, seed);
+    let mut engine = RaftNode::new(config.raft_config(), election, log, 0, seed);
+    if let Some((newest, _)) = held.first() {
+        engine.restore_snapshot(*newest);
+    }
+    let held = held
+        .into_iter()
+        .map(|(id, size_bytes)| HeldSnapshot {
+            id,
+            size_bytes,
+            made_ms: 0,
+        })
+        .collect();
+    let snapshots = SnapshotPolicy::new(&config.snapshot, &config.log, held, 0);
     let peers = QuorumPeers {
         appender: appender.clone(),
         storage_events: events_rx,
@@ -401,6 +444,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         forwarder: forwarder.clone(),
         purgatory: purgatory.clone(),
         listeners: listeners.clone(),
+        snapshots,
         on_stopped,
     };
     quorum_ctx.run(QuorumState::new(cluster_id, engine, peers));
@@ -427,6 +471,66 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
             stopped,
         }),
     }
+}
+
+/// Snapshot files at start (KIP-630). Partial transfers are removed and the
+/// newest valid snapshot is found (damaged newer ones are skipped, loudly,
+/// and kept for inspection). The log is then reconciled with it: a snapshot
+/// past the log end was installed from the leader just before a crash, so
+/// the log is reset to start at its end; a log that starts above the newest
+/// valid snapshot has lost the records in between, which refuses to start.
+/// Returns the valid snapshots (id, size): the newest first, then older
+/// files for the cleaner to delete.
+fn recover_snapshots(dir: &Path, store: &mut dyn LogStore) -> Result<Vec<(SnapshotId, u64)>, StorageError> {
+    let snapshot_error = |e: crate::storage::SnapshotError| StorageError::Invalid(format!("snapshot files: {e}"));
+    let removed = snapshot::remove_partial(dir).map_err(snapshot_error)?;
+    if removed > 0 {
+        warn!(removed, "removed partial snapshot files left by a crash");
+    }
+    let scan = snapshot::scan(dir).map_err(snapshot_error)?;
+    let skipped: Vec<String> = scan.skipped.iter().map(|(id, why)| format!("{id:?}: {why}")).collect();
+    for why in &skipped {
+        warn!("skipping a damaged snapshot: {why}");
+    }
+    let start = store.start_offset();
+    let Some(newest) = scan.newest else {
+        if start > 0 {
+            return Err(StorageError::Corrupt {
+                offset: start,
+                reason: format!(
+                    "the log starts at {start} but no valid snapshot holds the records below it (damaged: {skipped:?})"
+                ),
+            });
+        }
+        return Ok(Vec::new());
+    };
+    let id = newest.id();
+    if id.end_offset < start {
+        return Err(StorageError::Corrupt {
+            offset: id.end_offset,
+            reason: format!(
+                "the newest valid snapshot ends at {} but the log starts at {start}: the records between are lost (damaged: {skipped:?})",
+                id.end_offset
+            ),
+        });
+    }
+    if id.end_offset > store.end_offset() {
+        warn!(
+            ?id,
+            log_end_offset = store.end_offset(),
+            "the log restarts at an installed snapshot's end"
+        );
+        store.reset(id.end_offset, id.epoch)?;
+    }
+    let mut held = vec![(id, newest.size_bytes())];
+    let older = snapshot::list(dir).map_err(snapshot_error)?;
+    held.extend(
+        older
+            .into_iter()
+            .filter(|o| o.end_offset < id.end_offset)
+            .map(|o| (o, 0)),
+    );
+    Ok(held)
 }
 
 /// What the supervisor tears down once QuorumState stops.
@@ -522,6 +626,13 @@ impl NodeHandle {
             .await
             .map_err(unavailable)?
             .map_err(NodeError)
+    }
+
+    /// Writes a snapshot now at the committed (and locally flushed) end of
+    /// the log; when nothing was committed since the latest snapshot, that
+    /// one is returned (`created: false`).
+    pub async fn create_snapshot(&self) -> Result<SnapshotInfo, NodeError> {
+        self.inner.quorum.send(CreateSnapshot).await.map_err(unavailable)?
     }
 
     pub async fn metrics(&self) -> Result<MetricsSnapshot, NodeError> {

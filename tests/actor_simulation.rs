@@ -97,6 +97,7 @@ async fn stalled_single_node() -> kraft::node::NodeHandle {
     let (handle, inbound) = node::start_custom(CustomNode {
         config: node_config(1, &voters, false),
         store: Box::new(Disk::new().open()),
+        snapshot_dir: None,
         flush_delay: Duration::from_secs(3600),
         connect: Box::new(net.connector(1, 1)),
         seed: 1,

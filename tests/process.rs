@@ -926,3 +926,78 @@ fn a_data_dir_from_another_cluster_is_refused() {
     cluster.nodes[0].start();
     cluster.wait_for_leader(0);
 }
+
+/// Issue 3's process test: a follower killed with `kill -9` while the others
+/// write, snapshot (`kraft snapshot`, the CLI) and compact their logs past
+/// its log end is restarted and catches up through FetchSnapshot; every
+/// record is still readable on it from offset 0.
+#[test]
+fn a_node_restarted_behind_the_log_start_catches_up_through_a_snapshot() {
+    let mut cluster = Cluster::start(3);
+    for node in &mut cluster.nodes {
+        // Restarted below: compaction as soon as the cleaner runs.
+        node.extra_args = vec![
+            "--set".into(),
+            "log.retention_bytes=1".into(),
+            "--set".into(),
+            "log.cleaner_interval_ms=100".into(),
+        ];
+        node.kill9();
+        node.start();
+    }
+    let (leader, _) = cluster.wait_for_leader(0);
+    let follower = leader % 3 + 1;
+    let client = http();
+    let leader_http = cluster.node_ref(leader).http_port;
+    for i in 0..20 {
+        append(&client, leader_http, &format!("before {i}")).expect("acknowledged");
+    }
+    cluster.node(follower).kill9();
+    for i in 0..200 {
+        append(&client, leader_http, &format!("while down {i}")).expect("acknowledged");
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_kraft"))
+        .arg("snapshot")
+        .args(["--set", &format!("listeners.http=127.0.0.1:{leader_http}")])
+        .args([
+            "--config",
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("config.toml")
+                .to_str()
+                .unwrap(),
+        ])
+        .output()
+        .expect("run kraft snapshot");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let snapshot: Value = serde_json::from_slice(&output.stdout).expect("the snapshot as JSON");
+    let end = snapshot["end_offset"].as_i64().unwrap();
+    assert!(end >= 220 && snapshot["created"] == json!(true), "{snapshot}");
+    wait_until("the leader to compact its log", &cluster, || {
+        cluster
+            .node_ref(leader)
+            .quorum()
+            .is_some_and(|q| q["log_start_offset"] == json!(end))
+    });
+    let last = append(&client, leader_http, "after the snapshot").expect("acknowledged");
+
+    cluster.node(follower).start();
+    wait_until("the follower to install the snapshot and catch up", &cluster, || {
+        cluster
+            .node_ref(follower)
+            .quorum()
+            .is_some_and(|q| q["log_start_offset"] == json!(end) && q["high_watermark"].as_i64().unwrap_or(0) > last)
+    });
+    let (_, on_leader) = read_log(cluster.node_ref(leader));
+    let (_, on_follower) = read_log(cluster.node_ref(follower));
+    let through_last = |log: CommittedLog| log.into_iter().filter(|(o, _)| *o <= last).collect::<CommittedLog>();
+    let on_follower = through_last(on_follower);
+    assert_eq!(on_follower.len() as i64, last + 1, "every offset from 0 is readable");
+    assert_eq!(on_follower, through_last(on_leader));
+    assert!(cluster
+        .node_ref(follower)
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("installed the leader's snapshot")));
+}

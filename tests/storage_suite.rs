@@ -1,8 +1,10 @@
 //! The storage test suite (STYLE.md §9): the `LogStore` contract written once
 //! as generic functions (module `contract`) and run against every backend by
-//! `contract_suite!`, then what only one backend promises: MemoryStore's
-//! crash, and SledStore's reopen, identity check, recovery of damaged logs
-//! and durability (fdatasync of the file sled really writes).
+//! `contract_suite!` (those that restart the store through [`Restart`]: a
+//! crash of MemoryStore, a reopen of SledStore), then what only one backend
+//! promises: MemoryStore's crash, and SledStore's reopen, identity check,
+//! recovery of damaged or interrupted logs and durability (fdatasync of the
+//! file sled really writes).
 
 use std::path::{Path, PathBuf};
 
@@ -57,12 +59,60 @@ fn sled_fixture() -> Fixture<SledStore> {
     Fixture { store, _dir: Some(dir) }
 }
 
+/// The end of a store's process, and a new start on what it left durable:
+/// MemoryStore crashes (every unflushed write is lost), SledStore is closed
+/// and opened again.
+trait Restart: Sized {
+    fn restart(self) -> Self;
+}
+
+impl Restart for Fixture<MemoryStore> {
+    fn restart(mut self) -> Self {
+        self.store.crash();
+        self
+    }
+}
+
+impl Restart for Fixture<SledStore> {
+    fn restart(self) -> Self {
+        let Fixture { store, _dir } = self;
+        drop(store);
+        let dir = _dir.expect("a sled fixture has a directory");
+        let store = SledStore::open(dir.path(), CLUSTER, NODE).expect("reopen");
+        Fixture { store, _dir: Some(dir) }
+    }
+}
+
+/// Asserts where the log starts and ends, and its epochs.
+#[track_caller]
+fn assert_log<S: LogStore>(store: &S, start: Offset, start_epoch: Epoch, end: Offset, epochs: &[(Epoch, Offset)]) {
+    assert_eq!(
+        (store.start_offset(), store.start_epoch(), store.end_offset()),
+        (start, start_epoch, end),
+        "(start, start epoch, end)"
+    );
+    assert_eq!(store.epoch_cache(), epochs.to_vec(), "epoch cache");
+}
+
+/// Asserts that a read from `from` is refused as below the log start.
+#[track_caller]
+fn assert_read_below_start<S: LogStore>(store: &S, from: Offset) {
+    match store.read(from, from + 100, usize::MAX) {
+        Err(StorageError::Invalid(message)) => assert!(message.contains("below the log start"), "{message}"),
+        other => panic!(
+            "read from {from} below the log start {}: {other:?}",
+            store.start_offset()
+        ),
+    }
+}
+
 /// The `LogStore` contract, one function per rule, generic over the backend.
 mod contract {
     use super::*;
 
     pub fn empty_store_has_empty_log_and_default_election_state<S: LogStore>(store: &mut S) {
         assert_eq!(store.start_offset(), 0);
+        assert_eq!(store.start_epoch(), 0);
         assert_eq!(store.end_offset(), 0);
         assert!(store.epoch_cache().is_empty());
         assert_eq!(store.election_state().unwrap(), ElectionState::default());
@@ -280,9 +330,245 @@ mod contract {
             "a refused write changes nothing"
         );
     }
+
+    /// Four batches of 2 records in epochs 1, 1, 2, 2 (`[0, 8)`), flushed:
+    /// compaction only takes flushed batches.
+    fn four_flushed_batches<S: LogStore>(store: &mut S) {
+        append_all(store, &[(2, 1), (2, 1), (2, 2), (2, 2)]);
+        store.flush().unwrap();
+        assert_log(store, 0, 0, 8, &[(1, 0), (2, 4)]);
+    }
+
+    pub fn delete_before_a_batch_boundary_moves_the_start_there<S: LogStore>(store: &mut S) {
+        four_flushed_batches(store);
+        store.delete_before(2).unwrap();
+        assert_log(store, 2, 1, 8, &[(1, 2), (2, 4)]);
+        assert_eq!(bases(&store.read(2, 100, usize::MAX).unwrap()), vec![2, 4, 6]);
+        assert_eq!(bases(&store.read(3, 5, usize::MAX).unwrap()), vec![2, 4]);
+        assert_read_below_start(store, 1);
+        assert_read_below_start(store, 0);
+
+        store.delete_before(4).unwrap();
+        assert_log(store, 4, 1, 8, &[(2, 4)]);
+        assert_eq!(bases(&store.read(4, 100, usize::MAX).unwrap()), vec![4, 6]);
+        assert_read_below_start(store, 3);
+
+        store.delete_before(6).unwrap();
+        assert_log(store, 6, 2, 8, &[(2, 6)]);
+        assert_eq!(store.read(6, 100, usize::MAX).unwrap(), vec![batch(6, 2, 2)]);
+        assert_eq!(store.read(7, 8, 0).unwrap(), vec![batch(6, 2, 2)]);
+        assert_read_below_start(store, 5);
+    }
+
+    pub fn delete_before_inside_a_batch_keeps_that_batch<S: LogStore>(store: &mut S) {
+        four_flushed_batches(store);
+        store.delete_before(1).unwrap();
+        assert_log(store, 0, 0, 8, &[(1, 0), (2, 4)]);
+        assert_eq!(bases(&store.read(0, 100, usize::MAX).unwrap()), vec![0, 2, 4, 6]);
+
+        store.delete_before(5).unwrap();
+        assert_log(store, 4, 1, 8, &[(2, 4)]);
+        assert_eq!(bases(&store.read(4, 100, usize::MAX).unwrap()), vec![4, 6]);
+        assert_eq!(
+            bases(&store.read(5, 6, usize::MAX).unwrap()),
+            vec![4],
+            "offset 5 is still readable, in the batch kept"
+        );
+        assert_read_below_start(store, 3);
+
+        store.delete_before(7).unwrap();
+        assert_log(store, 6, 2, 8, &[(2, 6)]);
+    }
+
+    pub fn delete_before_the_end_leaves_an_empty_log_that_starts_there<S: LogStore>(store: &mut S) {
+        four_flushed_batches(store);
+        store.delete_before(8).unwrap();
+        assert_log(store, 8, 2, 8, &[]);
+        assert!(store.read(8, 100, usize::MAX).unwrap().is_empty());
+        assert_read_below_start(store, 7);
+        assert_read_below_start(store, 0);
+
+        // Appends go on at the start, never below the start epoch.
+        for (refused, why) in [
+            (batch(9, 2, 1), "gap"),
+            (batch(0, 2, 1), "below the start"),
+            (batch(8, 1, 1), "epoch below the start epoch"),
+        ] {
+            assert!(matches!(store.append(&refused), Err(StorageError::Invalid(_))), "{why}");
+        }
+        store.append(&batch(8, 2, 1)).unwrap();
+        store.append(&batch(9, 3, 2)).unwrap();
+        assert_log(store, 8, 2, 11, &[(2, 8), (3, 9)]);
+        assert_eq!(
+            store.read(8, 100, usize::MAX).unwrap(),
+            vec![batch(8, 2, 1), batch(9, 3, 2)]
+        );
+
+        // A truncation to the start empties the log again; not below it.
+        assert!(matches!(store.truncate(7), Err(StorageError::Invalid(_))));
+        store.truncate(8).unwrap();
+        assert_log(store, 8, 2, 8, &[]);
+    }
+
+    pub fn delete_before_past_the_end_is_refused_and_below_the_start_changes_nothing<S: LogStore>(store: &mut S) {
+        four_flushed_batches(store);
+        for past in [9, 100, Offset::MAX] {
+            assert!(
+                matches!(store.delete_before(past), Err(StorageError::Invalid(_))),
+                "{past}"
+            );
+        }
+        assert_log(store, 0, 0, 8, &[(1, 0), (2, 4)]);
+
+        store.delete_before(4).unwrap();
+        for below in [4, 3, 2, 0, -1, Offset::MIN] {
+            store.delete_before(below).unwrap();
+            assert_log(store, 4, 1, 8, &[(2, 4)]);
+        }
+        assert_eq!(bases(&store.read(4, 100, usize::MAX).unwrap()), vec![4, 6]);
+    }
+
+    pub fn delete_before_on_an_empty_log<S: LogStore>(store: &mut S) {
+        store.delete_before(0).unwrap();
+        assert_log(store, 0, 0, 0, &[]);
+        assert!(matches!(store.delete_before(1), Err(StorageError::Invalid(_))));
+        append_all(store, &[(1, 1)]);
+        assert_log(store, 0, 0, 1, &[(1, 0)]);
+    }
+
+    pub fn reset_beyond_the_end_empties_the_log_at_the_new_start<S: LogStore>(store: &mut S) {
+        four_flushed_batches(store);
+        store.reset(20, 3).unwrap();
+        assert_log(store, 20, 3, 20, &[]);
+        assert!(store.read(20, 100, usize::MAX).unwrap().is_empty());
+        assert_read_below_start(store, 19);
+        assert_read_below_start(store, 0);
+        for (refused, why) in [
+            (batch(8, 3, 1), "at the old end"),
+            (batch(21, 3, 1), "gap"),
+            (batch(20, 2, 1), "epoch below the start epoch"),
+        ] {
+            assert!(matches!(store.append(&refused), Err(StorageError::Invalid(_))), "{why}");
+        }
+        store.append(&batch(20, 3, 2)).unwrap();
+        store.append(&batch(22, 4, 1)).unwrap();
+        assert_log(store, 20, 3, 23, &[(3, 20), (4, 22)]);
+        assert_eq!(
+            store.read(21, 23, usize::MAX).unwrap(),
+            vec![batch(20, 3, 2), batch(22, 4, 1)]
+        );
+    }
+
+    pub fn reset_below_the_end_drops_the_whole_log<S: LogStore>(store: &mut S) {
+        four_flushed_batches(store);
+        // Inside the batch at 4: every batch goes, that one too.
+        store.reset(5, 2).unwrap();
+        assert_log(store, 5, 2, 5, &[]);
+        assert!(store.read(5, 100, usize::MAX).unwrap().is_empty());
+        assert_read_below_start(store, 4);
+        store.append(&batch(5, 2, 1)).unwrap();
+        assert_log(store, 5, 2, 6, &[(2, 5)]);
+        assert_eq!(store.read(5, 100, usize::MAX).unwrap(), vec![batch(5, 2, 1)]);
+
+        // At a boundary, and back to an empty log at 0.
+        store.reset(5, 2).unwrap();
+        assert_log(store, 5, 2, 5, &[]);
+        store.reset(0, 0).unwrap();
+        assert_log(store, 0, 0, 0, &[]);
+        store.append(&batch(0, 1, 1)).unwrap();
+        assert_log(store, 0, 0, 1, &[(1, 0)]);
+
+        for (offset, epoch) in [(-1, 0), (3, -1)] {
+            assert!(
+                matches!(store.reset(offset, epoch), Err(StorageError::Invalid(_))),
+                "reset({offset}, {epoch})"
+            );
+        }
+        assert_log(store, 0, 0, 1, &[(1, 0)]);
+    }
+
+    pub fn reset_drops_unflushed_appends_and_truncations_too<S: LogStore>(store: &mut S) {
+        append_all(store, &[(2, 1), (2, 1)]);
+        store.flush().unwrap();
+        store.truncate(2).unwrap();
+        append_all(store, &[(3, 2)]);
+        store.reset(10, 2).unwrap();
+        assert_log(store, 10, 2, 10, &[]);
+        store.delete_before(10).unwrap();
+        assert_log(store, 10, 2, 10, &[]);
+        append_all(store, &[(1, 2)]);
+        assert_log(store, 10, 2, 11, &[(2, 10)]);
+    }
+
+    pub fn compaction_and_reset_survive_a_restart<S: LogStore>(mut fixture: Fixture<S>)
+    where
+        Fixture<S>: Restart,
+    {
+        four_flushed_batches(&mut fixture.store);
+        fixture.store.delete_before(5).unwrap();
+        fixture = fixture.restart();
+        assert_log(&fixture.store, 4, 1, 8, &[(2, 4)]);
+        assert_eq!(
+            fixture.store.read(4, 100, usize::MAX).unwrap(),
+            vec![batch(4, 2, 2), batch(6, 2, 2)]
+        );
+        assert_read_below_start(&fixture.store, 3);
+
+        fixture.store.delete_before(8).unwrap();
+        fixture = fixture.restart();
+        assert_log(&fixture.store, 8, 2, 8, &[]);
+        assert_read_below_start(&fixture.store, 7);
+        fixture.store.append(&batch(8, 3, 1)).unwrap();
+        fixture.store.flush().unwrap();
+        fixture = fixture.restart();
+        assert_log(&fixture.store, 8, 2, 9, &[(3, 8)]);
+
+        fixture.store.reset(20, 4).unwrap();
+        fixture = fixture.restart();
+        assert_log(&fixture.store, 20, 4, 20, &[]);
+        assert_read_below_start(&fixture.store, 8);
+        fixture.store.append(&batch(20, 4, 2)).unwrap();
+        fixture.store.flush().unwrap();
+        fixture = fixture.restart();
+        assert_log(&fixture.store, 20, 4, 22, &[(4, 20)]);
+        assert_eq!(fixture.store.read(20, 22, usize::MAX).unwrap(), vec![batch(20, 4, 2)]);
+
+        fixture.store.reset(21, 5).unwrap();
+        fixture = fixture.restart();
+        assert_log(&fixture.store, 21, 5, 21, &[]);
+        assert!(fixture.store.read(21, 100, usize::MAX).unwrap().is_empty());
+    }
+
+    /// `delete_before` and `reset` flush: what was appended before them is
+    /// durable when they return.
+    pub fn compaction_and_reset_flush<S: LogStore>(mut fixture: Fixture<S>)
+    where
+        Fixture<S>: Restart,
+    {
+        append_all(&mut fixture.store, &[(2, 1), (2, 1)]);
+        fixture.store.flush().unwrap();
+        append_all(&mut fixture.store, &[(2, 2)]);
+        fixture.store.delete_before(2).unwrap();
+        fixture = fixture.restart();
+        assert_log(&fixture.store, 2, 1, 6, &[(1, 2), (2, 4)]);
+
+        // Nothing to remove: it still flushes.
+        append_all(&mut fixture.store, &[(1, 2)]);
+        fixture.store.delete_before(0).unwrap();
+        fixture = fixture.restart();
+        assert_log(&fixture.store, 2, 1, 7, &[(1, 2), (2, 4)]);
+
+        fixture.store.reset(30, 3).unwrap();
+        append_all(&mut fixture.store, &[(1, 3)]);
+        fixture.store.reset(40, 3).unwrap();
+        fixture = fixture.restart();
+        assert_log(&fixture.store, 40, 3, 40, &[]);
+    }
 }
 
-/// Runs every function of `contract` as its own test against one backend.
+/// Runs every function of `contract` as its own test against one backend:
+/// first those that take the store, then those that take the fixture (to
+/// restart it).
 macro_rules! contract_suite {
     ($backend:ident, $fixture:path) => {
         contract_suite!(@tests $backend, $fixture;
@@ -299,9 +585,20 @@ macro_rules! contract_suite {
             epoch_cache_follows_appends_and_truncates,
             election_state_round_trips,
             election_state_never_goes_back_nor_changes_its_vote,
+            delete_before_a_batch_boundary_moves_the_start_there,
+            delete_before_inside_a_batch_keeps_that_batch,
+            delete_before_the_end_leaves_an_empty_log_that_starts_there,
+            delete_before_past_the_end_is_refused_and_below_the_start_changes_nothing,
+            delete_before_on_an_empty_log,
+            reset_beyond_the_end_empties_the_log_at_the_new_start,
+            reset_below_the_end_drops_the_whole_log,
+            reset_drops_unflushed_appends_and_truncations_too,
+            ;
+            compaction_and_reset_survive_a_restart,
+            compaction_and_reset_flush,
         );
     };
-    (@tests $backend:ident, $fixture:path; $($name:ident,)*) => {
+    (@tests $backend:ident, $fixture:path; $($name:ident,)* ; $($restarting:ident,)*) => {
         mod $backend {
             use super::*;
             $(
@@ -309,6 +606,12 @@ macro_rules! contract_suite {
                 fn $name() {
                     let mut fixture = $fixture();
                     contract::$name(&mut fixture.store);
+                }
+            )*
+            $(
+                #[test]
+                fn $restarting() {
+                    contract::$restarting($fixture());
                 }
             )*
         }
@@ -340,6 +643,17 @@ mod backends_agree {
             len: Offset,
             max_bytes: usize,
         },
+        /// Flush, then compact below the base of batch `index % (batches +
+        /// 1)` (the end for the last), plus one when `inside`.
+        DeleteBefore {
+            index: usize,
+            inside: bool,
+        },
+        /// Reset to `shift` past the end, or inside the log when `below`.
+        Reset {
+            shift: Offset,
+            below: bool,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -348,7 +662,30 @@ mod backends_agree {
             1 => (0usize..16).prop_map(|index| Op::Truncate { index }),
             1 => Just(Op::Flush),
             2 => (0i64..40, 0i64..20, 0usize..200).prop_map(|(from, len, max_bytes)| Op::Read { from, len, max_bytes }),
+            1 => (0usize..16, any::<bool>()).prop_map(|(index, inside)| Op::DeleteBefore { index, inside }),
+            1 => (0i64..4, any::<bool>()).prop_map(|(shift, below)| Op::Reset { shift, below }),
         ]
+    }
+
+    /// Where `delete_before` compacts for `Op::DeleteBefore`.
+    pub(super) fn compaction_offset(log: &[Batch], end: Offset, index: usize, inside: bool) -> Offset {
+        match log.get(index % (log.len() + 1)) {
+            Some(b) if inside && b.record_count > 1 => b.base_offset + 1,
+            Some(b) => b.base_offset,
+            None => end,
+        }
+    }
+
+    /// The model of `delete_before(offset)`: returns the new start and start
+    /// epoch.
+    pub(super) fn compact(log: &mut Vec<Batch>, start: (Offset, Epoch), offset: Offset) -> (Offset, Epoch) {
+        let removed = log.iter().take_while(|b| b.next_offset() <= offset).count();
+        if removed == 0 {
+            return start;
+        }
+        let epoch = log[removed - 1].epoch;
+        log.drain(..removed);
+        (log.first().map_or(offset, |b| b.base_offset), epoch)
     }
 
     proptest! {
@@ -358,12 +695,14 @@ mod backends_agree {
             let mut memory = MemoryStore::new();
             let mut sled = sled_fixture();
             let mut model: Vec<Batch> = Vec::new();
+            let mut start: (Offset, Epoch) = (0, 0);
             let mut epoch = 1;
             for op in ops {
+                let end = model.last().map_or(start.0, Batch::next_offset);
                 match op {
                     Op::Append { records, epoch_bump } => {
                         epoch += epoch_bump as Epoch;
-                        let base = model.last().map(Batch::next_offset).unwrap_or(0);
+                        let base = end;
                         let b = data_batch(base, epoch, records, 7);
                         memory.append(&b).unwrap();
                         sled.store.append(&b).unwrap();
@@ -379,6 +718,27 @@ mod backends_agree {
                     Op::Flush => {
                         memory.flush().unwrap();
                         sled.store.flush().unwrap();
+                    }
+                    Op::DeleteBefore { index, inside } => {
+                        let at = compaction_offset(&model, end, index, inside);
+                        memory.flush().unwrap();
+                        sled.store.flush().unwrap();
+                        memory.delete_before(at).unwrap();
+                        sled.store.delete_before(at).unwrap();
+                        start = compact(&mut model, start, at);
+                    }
+                    Op::Reset { shift, below } => {
+                        let at = if below { start.0 + (end - start.0) / 2 } else { end + shift };
+                        memory.reset(at, epoch).unwrap();
+                        sled.store.reset(at, epoch).unwrap();
+                        model.clear();
+                        start = (at, epoch);
+                    }
+                    Op::Read { from, len, max_bytes } if from < start.0 => {
+                        let m = memory.read(from, from + len, max_bytes);
+                        let s = sled.store.read(from, from + len, max_bytes);
+                        prop_assert!(matches!(m, Err(StorageError::Invalid(_))), "{:?}", m);
+                        prop_assert!(matches!(s, Err(StorageError::Invalid(_))), "{:?}", s);
                     }
                     Op::Read { from, len, max_bytes } => {
                         let until = from + len;
@@ -397,6 +757,9 @@ mod backends_agree {
                 }
                 prop_assert_eq!(memory.end_offset(), sled.store.end_offset());
                 prop_assert_eq!(memory.epoch_cache(), sled.store.epoch_cache());
+                prop_assert_eq!((memory.start_offset(), memory.start_epoch()), start);
+                prop_assert_eq!((sled.store.start_offset(), sled.store.start_epoch()), start);
+                prop_assert_eq!(memory.end_offset(), model.last().map_or(start.0, Batch::next_offset));
             }
         }
     }
@@ -411,12 +774,28 @@ mod memory_crash_model {
     use super::*;
     use proptest::prelude::*;
 
+    use super::backends_agree::{compact, compaction_offset};
+
     #[derive(Clone, Debug)]
     enum Op {
-        Append { records: usize, epoch_bump: bool },
-        Truncate { index: usize },
+        Append {
+            records: usize,
+            epoch_bump: bool,
+        },
+        Truncate {
+            index: usize,
+        },
         Flush,
         Crash,
+        /// Without a flush first: refused past the durable end.
+        DeleteBefore {
+            index: usize,
+            inside: bool,
+        },
+        Reset {
+            shift: Offset,
+            below: bool,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -425,6 +804,8 @@ mod memory_crash_model {
             2 => (0usize..16).prop_map(|index| Op::Truncate { index }),
             2 => Just(Op::Flush),
             1 => Just(Op::Crash),
+            1 => (0usize..16, any::<bool>()).prop_map(|(index, inside)| Op::DeleteBefore { index, inside }),
+            1 => (0i64..4, any::<bool>()).prop_map(|(shift, below)| Op::Reset { shift, below }),
         ]
     }
 
@@ -445,12 +826,19 @@ mod memory_crash_model {
             let mut store = MemoryStore::new();
             let mut visible: Vec<Batch> = Vec::new();
             let mut durable: Vec<Batch> = Vec::new();
+            let mut start: (Offset, Epoch) = (0, 0);
+            // How many leading batches of `visible` were flushed (and not
+            // truncated since): `delete_before` compacts only those.
+            let mut flushed: usize = 0;
             let mut epoch = 1;
             for op in ops {
+                let end = visible.last().map_or(start.0, Batch::next_offset);
+                let durable_end = durable.last().map_or(start.0, Batch::next_offset);
+                let flushed_end = flushed.checked_sub(1).map_or(start.0, |last| visible[last].next_offset());
                 match op {
                     Op::Append { records, epoch_bump } => {
                         epoch = epoch.max(visible.last().map(|b| b.epoch).unwrap_or(0)) + epoch_bump as Epoch;
-                        let b = batch(visible.last().map(Batch::next_offset).unwrap_or(0), epoch, records);
+                        let b = batch(end, epoch, records);
                         store.append(&b).unwrap();
                         visible.push(b);
                     }
@@ -459,23 +847,48 @@ mod memory_crash_model {
                         let at = visible[index % visible.len()].base_offset;
                         store.truncate(at).unwrap();
                         visible.retain(|b| b.base_offset < at);
+                        flushed = flushed.min(visible.len());
                     }
                     Op::Flush => {
                         store.flush().unwrap();
                         durable = visible.clone();
+                        flushed = visible.len();
                     }
                     Op::Crash => {
                         store.crash();
                         visible = durable.clone();
+                        flushed = visible.len();
+                    }
+                    Op::DeleteBefore { index, inside } => {
+                        let at = compaction_offset(&visible, end, index, inside);
+                        if at > flushed_end {
+                            let has_unflushed = store.has_unflushed();
+                            prop_assert!(matches!(store.delete_before(at), Err(StorageError::Invalid(_))));
+                            prop_assert_eq!(store.has_unflushed(), has_unflushed, "a refusal flushes nothing");
+                        } else {
+                            store.delete_before(at).unwrap();
+                            start = compact(&mut visible, start, at);
+                            durable = visible.clone();
+                            flushed = visible.len();
+                        }
+                    }
+                    Op::Reset { shift, below } => {
+                        let at = if below { start.0 + (end - start.0) / 2 } else { end.max(durable_end) + shift };
+                        store.reset(at, epoch).unwrap();
+                        visible.clear();
+                        durable.clear();
+                        flushed = 0;
+                        start = (at, epoch);
                     }
                 }
-                prop_assert_eq!(&store.read(0, Offset::MAX, usize::MAX).unwrap(), &visible);
+                prop_assert_eq!((store.start_offset(), store.start_epoch()), start);
+                prop_assert_eq!(&store.read(start.0, Offset::MAX, usize::MAX).unwrap(), &visible);
                 prop_assert_eq!(&store.durable_batches(), &durable);
-                prop_assert_eq!(store.durable_end_offset(), durable.last().map(Batch::next_offset).unwrap_or(0));
+                prop_assert_eq!(store.durable_end_offset(), durable.last().map_or(start.0, Batch::next_offset));
                 // Op-based: a truncation re-appended identically still counts.
                 prop_assert!(store.has_unflushed() || visible == durable);
                 prop_assert_eq!(store.epoch_cache(), epoch_cache(&visible));
-                prop_assert_eq!(store.end_offset(), visible.last().map(Batch::next_offset).unwrap_or(0));
+                prop_assert_eq!(store.end_offset(), visible.last().map_or(start.0, Batch::next_offset));
             }
         }
     }
@@ -533,6 +946,85 @@ fn memory_crash_keeps_flushed_truncations() {
     assert_eq!(bases(&store.read(0, 100, usize::MAX).unwrap()), vec![0, 2]);
     assert_eq!(store.end_offset(), 7);
     assert_eq!(store.epoch_cache(), vec![(1, 0), (3, 2)]);
+}
+
+#[test]
+fn memory_delete_before_refuses_offsets_past_the_flushed_log_and_flushes_the_rest() {
+    let mut store = MemoryStore::new();
+    append_all(&mut store, &[(2, 1), (2, 1)]);
+    store.flush().unwrap();
+    append_all(&mut store, &[(2, 2)]);
+    for past in [5, 6, 7] {
+        assert!(
+            matches!(store.delete_before(past), Err(StorageError::Invalid(_))),
+            "{past} is past the durable end 4"
+        );
+    }
+    assert!(store.has_unflushed(), "a refused compaction flushes nothing");
+    assert_log(&store, 0, 0, 6, &[(1, 0), (2, 4)]);
+
+    store.delete_before(4).unwrap();
+    assert!(!store.has_unflushed(), "it flushed, the unflushed append too");
+    assert_log(&store, 4, 1, 6, &[(2, 4)]);
+    assert_eq!(bases(&store.durable_batches()), vec![4]);
+    assert_eq!(store.durable_end_offset(), 6);
+    store.crash();
+    assert_log(&store, 4, 1, 6, &[(2, 4)]);
+    assert_eq!(store.read(4, 100, usize::MAX).unwrap(), vec![batch(4, 2, 2)]);
+}
+
+#[test]
+fn memory_delete_before_refuses_batches_that_replaced_durable_ones_unflushed() {
+    // Durable [0, 8); an unflushed truncation to 4 and an unflushed append
+    // of [4, 5) in epoch 3: offset 4 is below the durable end 8, but the
+    // batch there now is not flushed.
+    let mut store = MemoryStore::new();
+    append_all(&mut store, &[(2, 1), (2, 1), (2, 2), (2, 2)]);
+    store.flush().unwrap();
+    store.truncate(4).unwrap();
+    append_all(&mut store, &[(1, 3)]);
+    assert_eq!(store.durable_end_offset(), 8);
+    assert!(matches!(store.delete_before(5), Err(StorageError::Invalid(_))));
+    assert_eq!(bases(&store.durable_batches()), vec![0, 2, 4, 6], "nothing flushed");
+
+    store.delete_before(4).unwrap();
+    assert_log(&store, 4, 1, 5, &[(3, 4)]);
+    assert_eq!(
+        store.durable_batches(),
+        vec![batch(4, 3, 1)],
+        "the truncation and the append were flushed"
+    );
+    store.crash();
+    assert_log(&store, 4, 1, 5, &[(3, 4)]);
+    assert_eq!(store.read(4, 100, usize::MAX).unwrap(), vec![batch(4, 3, 1)]);
+}
+
+#[test]
+fn memory_crash_after_reset_keeps_the_reset_log() {
+    let mut store = MemoryStore::new();
+    append_all(&mut store, &[(2, 1), (2, 1), (2, 2)]);
+    store.flush().unwrap();
+    store.truncate(2).unwrap();
+    append_all(&mut store, &[(3, 2)]);
+    store.reset(3, 2).unwrap();
+    assert!(!store.has_unflushed());
+    assert!(store.durable_batches().is_empty());
+    assert_eq!(store.durable_end_offset(), 3);
+    store.crash();
+    assert_log(&store, 3, 2, 3, &[]);
+    assert_read_below_start(&store, 2);
+
+    // The log goes on from the new start, and crashes as usual.
+    append_all(&mut store, &[(2, 2)]);
+    store.crash();
+    assert_log(&store, 3, 2, 3, &[]);
+    append_all(&mut store, &[(2, 2)]);
+    store.flush().unwrap();
+    append_all(&mut store, &[(1, 3)]);
+    store.truncate(3).unwrap();
+    store.crash();
+    assert_log(&store, 3, 2, 5, &[(2, 3)]);
+    assert_eq!(store.read(3, 100, usize::MAX).unwrap(), vec![batch(3, 2, 2)]);
 }
 
 #[test]
@@ -788,11 +1280,12 @@ fn sled_a_log_ending_below_the_high_watermark_hint_is_a_hard_error() {
 
 #[test]
 fn sled_garbage_in_the_election_or_meta_trees_is_an_error_not_a_panic() {
-    let cases: [(&str, &[u8], &[u8]); 4] = [
+    let cases: [(&str, &[u8], &[u8]); 5] = [
         ("election", b"state", &[0xff; 3]),
         ("election", b"state", &[0xff; 40]),
         ("meta", b"identity", &[1, 2, 3]),
         ("meta", b"high_watermark_hint", &[9]),
+        ("meta", b"log_start", &[9]),
     ];
     for (tree, key, garbage) in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -880,6 +1373,285 @@ fn sled_a_cluster_id_that_cannot_be_stored_is_refused() {
             "{bad:?}"
         );
     }
+}
+
+/// Every value of the raw `log` tree of a closed store.
+fn raw_log_entries(data_dir: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut entries = Vec::new();
+    with_raw_sled(data_dir, |db| {
+        for entry in db.open_tree("log").unwrap().iter() {
+            let (key, value) = entry.unwrap();
+            entries.push((key.to_vec(), value.to_vec()));
+        }
+    });
+    entries
+}
+
+fn raw_log_bases(data_dir: &Path) -> Vec<Offset> {
+    raw_log_entries(data_dir)
+        .iter()
+        .map(|(key, _)| Offset::from_be_bytes(key.as_slice().try_into().unwrap()))
+        .collect()
+}
+
+/// The raw value of the persisted log start of a closed store.
+fn raw_log_start(data_dir: &Path) -> Option<Vec<u8>> {
+    let mut value = None;
+    with_raw_sled(data_dir, |db| {
+        value = db
+            .open_tree("meta")
+            .unwrap()
+            .get(b"log_start")
+            .unwrap()
+            .map(|v| v.to_vec());
+    });
+    value
+}
+
+/// Compacts the sample log below `offset` in a store of its own, and
+/// returns the raw log start that left.
+fn log_start_of_a_compaction(offset: Offset) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    write_sample_log(dir.path());
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    store.delete_before(offset).unwrap();
+    drop(store);
+    raw_log_start(dir.path()).expect("a compaction writes the log start")
+}
+
+#[test]
+fn sled_a_data_dir_without_a_log_start_starts_at_zero() {
+    // Every data dir written before compaction existed has no log start.
+    let dir = tempfile::tempdir().unwrap();
+    let written = write_sample_log(dir.path());
+    assert_eq!(
+        raw_log_start(dir.path()),
+        None,
+        "nothing writes it until the log start moves"
+    );
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_log(&store, 0, 0, 8, &[(1, 0), (2, 4)]);
+    assert_eq!(store.read(0, 100, usize::MAX).unwrap(), written);
+    drop(store);
+
+    let empty = tempfile::tempdir().unwrap();
+    drop(SledStore::open(empty.path(), CLUSTER, NODE).unwrap());
+    let store = SledStore::open(empty.path(), CLUSTER, NODE).unwrap();
+    assert_log(&store, 0, 0, 0, &[]);
+}
+
+#[test]
+fn sled_compaction_writes_the_log_start_and_removes_the_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = write_sample_log(dir.path());
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    let fsyncs = store.fsync_count();
+    store.delete_before(5).unwrap();
+    assert_eq!(store.fsync_count(), fsyncs + 1, "one durability point");
+    store.delete_before(1).unwrap();
+    assert_eq!(
+        store.fsync_count(),
+        fsyncs + 2,
+        "a compaction with nothing to remove still flushes"
+    );
+    drop(store);
+    assert_eq!(raw_log_bases(dir.path()), vec![4, 6]);
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_log(&store, 4, 1, 8, &[(2, 4)]);
+    assert_eq!(store.read(4, 100, usize::MAX).unwrap(), written[2..].to_vec());
+}
+
+#[test]
+fn sled_a_crash_between_the_log_start_and_the_removal_is_recovered_at_open() {
+    // The log start reached the disk, the removal of the batches below it
+    // did not: they are removed at open.
+    for (offset, start, start_epoch, end, epochs) in [
+        (5, 4, 1, 8, vec![(2, 4)]),
+        (6, 6, 2, 8, vec![(2, 6)]),
+        (8, 8, 2, 8, vec![]),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_sample_log(dir.path());
+        let before = raw_log_entries(dir.path());
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        store.delete_before(offset).unwrap();
+        drop(store);
+        with_raw_sled(dir.path(), |db| {
+            let log = db.open_tree("log").unwrap();
+            for (key, value) in &before {
+                log.insert(key.as_slice(), value.as_slice()).unwrap();
+            }
+        });
+        assert_eq!(raw_log_bases(dir.path()), vec![0, 2, 4, 6]);
+
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).expect("the interrupted compaction is completed");
+        assert_log(&store, start, start_epoch, end, &epochs);
+        let first_kept = written
+            .iter()
+            .position(|b| b.base_offset == start)
+            .unwrap_or(written.len());
+        assert_eq!(
+            store.read(start, 100, usize::MAX).unwrap(),
+            written[first_kept..].to_vec()
+        );
+        assert_read_below_start(&store, start - 1);
+        store.append(&batch(8, 2, 1)).unwrap();
+        store.flush().unwrap();
+        drop(store);
+        let kept: Vec<Offset> = [0, 2, 4, 6, 8].into_iter().filter(|b| *b >= start).collect();
+        assert_eq!(raw_log_bases(dir.path()), kept, "the removal at open was durable");
+    }
+}
+
+#[test]
+fn sled_a_hole_above_the_log_start_is_a_hard_error_and_removes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    write_sample_log(dir.path());
+    let before = raw_log_entries(dir.path());
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    store.delete_before(4).unwrap();
+    drop(store);
+    // The batch at the start is lost, and (as if a crash had interrupted the
+    // compaction) those below it are still there.
+    with_raw_sled(dir.path(), |db| {
+        let log = db.open_tree("log").unwrap();
+        log.remove(4i64.to_be_bytes()).unwrap();
+        for (key, value) in &before[..2] {
+            log.insert(key.as_slice(), value.as_slice()).unwrap();
+        }
+    });
+    for _ in 0..2 {
+        let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+        assert_eq!(offset, 4, "{reason}");
+        assert!(
+            reason.contains("starts at 4") && reason.contains("first batch is at 6"),
+            "{reason}"
+        );
+        assert_eq!(raw_log_bases(dir.path()), vec![0, 2, 6], "nothing removed");
+    }
+}
+
+#[test]
+fn sled_losing_the_log_start_after_a_compaction_is_a_hard_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write_sample_log(dir.path());
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    store.delete_before(4).unwrap();
+    drop(store);
+    with_raw_sled(dir.path(), |db| {
+        db.open_tree("meta").unwrap().remove(b"log_start").unwrap();
+    });
+    let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert_eq!(offset, 0, "{reason}");
+    assert!(reason.contains("batches are missing"), "{reason}");
+}
+
+#[test]
+fn sled_a_batch_across_the_log_start_is_a_hard_error() {
+    // A log start of 4 over a log of batches [0, 3) and [3, 6).
+    let log_start = log_start_of_a_compaction(4);
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        append_all(&mut store, &[(3, 1), (3, 1)]);
+        store.flush().unwrap();
+    }
+    with_raw_sled(dir.path(), |db| {
+        db.open_tree("meta").unwrap().insert(b"log_start", log_start).unwrap();
+    });
+    let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert_eq!(offset, 4, "{reason}");
+    assert!(reason.contains("[3, 6) straddles"), "{reason}");
+    assert_eq!(raw_log_bases(dir.path()), vec![0, 3], "nothing removed");
+}
+
+#[test]
+fn sled_a_first_batch_below_the_start_epoch_is_a_hard_error() {
+    // A log start of 6 in epoch 2 over a log whose batch at 6 is of epoch 1.
+    let log_start = log_start_of_a_compaction(6);
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        append_all(&mut store, &[(2, 1), (2, 1), (2, 1), (2, 1)]);
+        store.flush().unwrap();
+    }
+    with_raw_sled(dir.path(), |db| {
+        db.open_tree("meta").unwrap().insert(b"log_start", log_start).unwrap();
+    });
+    let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert_eq!(offset, 6, "{reason}");
+    assert!(reason.contains("follows the log start, in epoch 2"), "{reason}");
+}
+
+#[test]
+fn sled_reset_removes_every_batch_durably() {
+    let dir = tempfile::tempdir().unwrap();
+    write_sample_log(dir.path());
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    let fsyncs = store.fsync_count();
+    store.reset(5, 2).unwrap();
+    assert_eq!(store.fsync_count(), fsyncs + 1, "one durability point");
+    drop(store);
+    assert!(raw_log_bases(dir.path()).is_empty());
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_log(&store, 5, 2, 5, &[]);
+}
+
+#[test]
+fn sled_the_high_watermark_hint_may_lie_below_the_log_start() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        append_all(&mut store, &[(2, 1), (2, 1), (2, 1)]);
+        store.set_high_watermark_hint(4);
+        store.flush().unwrap();
+        assert!(
+            matches!(store.reset(3, 1), Err(StorageError::Invalid(_))),
+            "a reset below the hint loses committed offsets"
+        );
+        assert_log(&store, 0, 0, 6, &[(1, 0)]);
+        store.delete_before(6).unwrap();
+        assert_eq!(store.high_watermark_hint(), 4);
+    }
+    {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        assert_log(&store, 6, 1, 6, &[]);
+        assert_eq!(store.high_watermark_hint(), 4, "below the start");
+        store.reset(10, 2).unwrap();
+        store.set_high_watermark_hint(12);
+        assert_eq!(store.high_watermark_hint(), 10, "capped at the log end");
+        store.append(&batch(10, 2, 2)).unwrap();
+        store.set_high_watermark_hint(12);
+        store.flush().unwrap();
+        assert!(matches!(store.truncate(10), Err(StorageError::Invalid(_))));
+    }
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_log(&store, 10, 2, 12, &[(2, 10)]);
+    assert_eq!(store.high_watermark_hint(), 12);
+}
+
+#[test]
+fn sled_reader_sees_the_log_start() {
+    let mut fixture = sled_fixture();
+    append_all(&mut fixture.store, &[(2, 1), (2, 1), (2, 2)]);
+    fixture.store.flush().unwrap();
+    let reader = fixture.store.reader();
+    fixture.store.delete_before(2).unwrap();
+    assert!(matches!(reader.read(0, 100, usize::MAX), Err(StorageError::Invalid(_))));
+    assert_eq!(bases(&reader.read(2, 100, usize::MAX).unwrap()), vec![2, 4]);
+    fixture.store.delete_before(6).unwrap();
+    assert!(
+        matches!(reader.read(5, 100, usize::MAX), Err(StorageError::Invalid(_))),
+        "below the start of an empty log"
+    );
+    assert!(reader.read(6, 100, usize::MAX).unwrap().is_empty());
+    fixture.store.reset(20, 3).unwrap();
+    assert!(matches!(
+        reader.read(19, 100, usize::MAX),
+        Err(StorageError::Invalid(_))
+    ));
+    append_all(&mut fixture.store, &[(1, 3)]);
+    assert_eq!(bases(&reader.read(20, 100, usize::MAX).unwrap()), vec![20]);
 }
 
 #[test]

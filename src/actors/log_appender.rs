@@ -16,21 +16,33 @@
 //! blocks the arbiter: pushing is non-blocking and replies come back on
 //! oneshot channels that the caller awaits.
 //!
-//! A storage error is fatal for the node: the thread logs it with `error!`,
-//! reports [`StorageEvent::Failed`] and exits; every later command fails with
-//! [`AppenderError::Stopped`] and pending replies are dropped (their receivers
-//! see the error). Nothing is swallowed.
+//! A storage error on a write or flush is fatal for the node: the thread
+//! logs it with `error!`, reports [`StorageEvent::Failed`] and exits; every
+//! later command fails with [`AppenderError::Stopped`] and pending replies
+//! are dropped (their receivers see the error). Nothing is swallowed. A
+//! failed read only fails its reader.
+//!
+//! Reads below the log start are answered from the newest snapshot, which
+//! holds every record below its end with its offset; the snapshot files
+//! (KIP-630: writing, serving chunks to fetchers, installing one fetched
+//! from the leader) are handled here too, in order with the log's writes.
+//!
+//! [`LogAppender::spawn_task`] runs the same loop on a task of the current
+//! runtime instead of a thread, for stores that never block: the
+//! actor-level simulator runs whole nodes that way on a paused clock.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use tokio::sync::{mpsc, oneshot, Notify};
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
-use crate::messages::Batch;
+use crate::messages::{Batch, SnapshotId};
 use crate::raft::{ElectionState, Epoch, NodeId, Offset};
+use crate::storage::snapshot::{self, BatchCursor, SnapshotInstaller, SnapshotMeta, SnapshotReader, SnapshotWriter};
 use crate::storage::{self, LogStore, StorageError};
 
 /// Most commands applied between two flushes (one group commit).
@@ -81,8 +93,17 @@ impl<S: LogStore> LogStore for NoHint<S> {
     fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> storage::Result<Vec<Batch>> {
         self.0.read(from, until, max_bytes)
     }
+    fn delete_before(&mut self, offset: Offset) -> storage::Result<()> {
+        self.0.delete_before(offset)
+    }
+    fn reset(&mut self, start_offset: Offset, start_epoch: Epoch) -> storage::Result<()> {
+        self.0.reset(start_offset, start_epoch)
+    }
     fn start_offset(&self) -> Offset {
         self.0.start_offset()
+    }
+    fn start_epoch(&self) -> Epoch {
+        self.0.start_epoch()
     }
     fn end_offset(&self) -> Offset {
         self.0.end_offset()
@@ -131,6 +152,215 @@ enum Command {
     },
     SetHighWatermarkHint(Offset),
     Shutdown(oneshot::Sender<()>),
+    CreateSnapshot {
+        id: SnapshotId,
+        previous: Option<SnapshotId>,
+        reply: oneshot::Sender<Result<SnapshotMeta, String>>,
+    },
+    ReadSnapshotChunk {
+        id: SnapshotId,
+        position: u64,
+        max_bytes: usize,
+        reply: oneshot::Sender<Result<SnapshotChunk, String>>,
+    },
+    WriteSnapshotChunk {
+        id: SnapshotId,
+        size: u64,
+        position: u64,
+        bytes: Vec<u8>,
+    },
+    InstallSnapshot {
+        id: SnapshotId,
+        reply: oneshot::Sender<Result<SnapshotMeta, String>>,
+    },
+    DeleteSnapshot(SnapshotId),
+    DeleteBefore(Offset),
+}
+
+/// A piece of a snapshot file, for a FetchSnapshot response.
+#[derive(Debug)]
+pub struct SnapshotChunk {
+    pub size: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// The snapshot files beside the log (KIP-630), handled on the storage
+/// thread so that their writes are ordered with the log's.
+struct SnapshotFiles {
+    dir: Option<PathBuf>,
+    /// The snapshot being served to fetchers, opened (and validated) once.
+    serving: Option<SnapshotReader>,
+    /// The snapshot being received from the leader.
+    installing: Option<SnapshotInstaller>,
+    /// The newest snapshot: it holds every record below the log start.
+    latest: Option<SnapshotId>,
+    /// Where the last read below the log start stopped in `latest`: its
+    /// reader, the cursor and the base offset of the batch there (reads
+    /// resume sequentially instead of scanning the file again).
+    below: Option<(SnapshotReader, BatchCursor, Offset)>,
+}
+
+impl SnapshotFiles {
+    fn new(dir: Option<PathBuf>) -> Self {
+        SnapshotFiles {
+            dir,
+            serving: None,
+            installing: None,
+            latest: None,
+            below: None,
+        }
+    }
+
+    fn dir(&self) -> Result<&PathBuf, String> {
+        self.dir
+            .as_ref()
+            .ok_or_else(|| "this node keeps no snapshot files".to_string())
+    }
+
+    /// Writes the snapshot ending at `id.end_offset`: the records of the
+    /// `previous` snapshot, then the log's from there, batch by batch with
+    /// their offsets and epochs (the raw-record state machine's state is
+    /// its whole committed log).
+    fn create(
+        &mut self,
+        store: &dyn AppenderStore,
+        id: SnapshotId,
+        previous: Option<SnapshotId>,
+    ) -> Result<SnapshotMeta, String> {
+        let dir = self.dir()?.clone();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let mut writer = SnapshotWriter::create(&dir, id, now_ms).map_err(|e| e.to_string())?;
+        let mut next = 0;
+        if let Some(previous) = previous {
+            let reader = SnapshotReader::open(&snapshot::path_of(&dir, previous)).map_err(|e| e.to_string())?;
+            for batch in reader.batches() {
+                let batch = batch.map_err(|e| e.to_string())?;
+                copy_batch(&mut writer, &batch)?;
+            }
+            next = previous.end_offset;
+        }
+        if next < store.start_offset() {
+            return Err(format!(
+                "the log starts at {} but the snapshot below it ends at {next}",
+                store.start_offset()
+            ));
+        }
+        while next < id.end_offset {
+            let batches = store.read(next, id.end_offset, 1 << 20).map_err(|e| e.to_string())?;
+            let Some(last) = batches.last() else {
+                return Err(format!("the log has nothing at offset {next}"));
+            };
+            next = last.next_offset();
+            for batch in batches.iter().filter(|b| b.base_offset < id.end_offset) {
+                copy_batch(&mut writer, batch)?;
+            }
+        }
+        let meta = writer.freeze().map_err(|e| e.to_string())?;
+        self.use_latest(id);
+        Ok(meta)
+    }
+
+    fn read_chunk(&mut self, id: SnapshotId, position: u64, max_bytes: usize) -> Result<SnapshotChunk, String> {
+        if self.serving.as_ref().map(|r| r.id()) != Some(id) {
+            let dir = self.dir()?;
+            self.serving = Some(SnapshotReader::open(&snapshot::path_of(dir, id)).map_err(|e| e.to_string())?);
+        }
+        let reader = self.serving.as_ref().expect("opened above");
+        let bytes = reader.read_chunk(position, max_bytes).map_err(|e| e.to_string())?;
+        Ok(SnapshotChunk {
+            size: reader.size_bytes(),
+            bytes,
+        })
+    }
+
+    fn write_chunk(&mut self, id: SnapshotId, size: u64, position: u64, bytes: &[u8]) {
+        let fresh = position == 0 || self.installing.as_ref().map(|i| i.id()) != Some(id);
+        if fresh {
+            // Dropping an earlier installer removes its partial file.
+            self.installing = None;
+            let Ok(dir) = self.dir() else { return };
+            match SnapshotInstaller::create(dir, id, size) {
+                Ok(installer) => self.installing = Some(installer),
+                Err(e) => {
+                    error!("cannot start receiving snapshot {id:?}: {e}");
+                    return;
+                }
+            }
+        }
+        let Some(installer) = &mut self.installing else { return };
+        if let Err(e) = installer.write_chunk(position, bytes) {
+            // The install will fail and the engine fetches it again.
+            error!("snapshot {id:?}: chunk at {position} refused: {e}");
+            self.installing = None;
+        }
+    }
+
+    fn finish_install(&mut self, id: SnapshotId) -> Result<SnapshotMeta, String> {
+        let meta = match self.installing.take() {
+            Some(installer) if installer.id() == id => installer.finish().map_err(|e| e.to_string())?,
+            _ => return Err(format!("no complete transfer of snapshot {id:?}")),
+        };
+        self.use_latest(id);
+        Ok(meta)
+    }
+
+    fn use_latest(&mut self, id: SnapshotId) {
+        self.latest = Some(id);
+        self.below = None;
+    }
+
+    /// Batches holding `[from, until)` from the newest snapshot (every
+    /// record below the log start is in it, with its offset).
+    fn read_below(&mut self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>, String> {
+        let reusable = matches!(&self.below, Some((r, _, base)) if Some(r.id()) == self.latest && *base <= from);
+        if !reusable {
+            let dir = self.dir()?;
+            let reader = match self.latest {
+                Some(id) => SnapshotReader::open(&snapshot::path_of(dir, id)).map_err(|e| e.to_string())?,
+                None => match snapshot::newest_valid(dir).map_err(|e| e.to_string())? {
+                    Some((reader, _)) => reader,
+                    None => return Err("no snapshot holds the records below the log start".to_string()),
+                },
+            };
+            let cursor = reader.batches().cursor();
+            self.latest = Some(reader.id());
+            self.below = Some((reader, cursor, 0));
+        }
+        let (reader, cursor, base) = self.below.as_mut().expect("set above");
+        let mut batches = reader.batches_from(*cursor);
+        let mut found = Vec::new();
+        let mut bytes = 0;
+        loop {
+            let at = batches.cursor();
+            let Some(batch) = batches.next() else { break };
+            let batch = batch.map_err(|e| e.to_string())?;
+            if batch.base_offset >= until || (!found.is_empty() && bytes >= max_bytes) {
+                // Resume at this batch next time.
+                (*cursor, *base) = (at, batch.base_offset);
+                break;
+            }
+            (*cursor, *base) = (batches.cursor(), batch.next_offset());
+            if batch.next_offset() > from {
+                bytes += batch.size_bytes();
+                found.push(batch);
+            }
+        }
+        if found.is_empty() && from < until {
+            return Err(format!("the newest snapshot holds nothing at offset {from}"));
+        }
+        Ok(found)
+    }
+}
+
+fn copy_batch(writer: &mut SnapshotWriter, batch: &Batch) -> Result<(), String> {
+    let records = batch
+        .records()
+        .map_err(|e| format!("batch at {}: {e}", batch.base_offset))?;
+    writer
+        .append(batch.base_offset, batch.epoch, &records)
+        .map_err(|e| e.to_string())
 }
 
 /// The handle to the storage thread. Cheap to clone; every clone feeds the
@@ -140,8 +370,28 @@ enum Command {
 pub struct LogAppender {
     tx: Sender<Command>,
     /// Set when the store runs on a task ([`LogAppender::spawn_task`]):
-    /// woken after every push.
-    wake: Option<Arc<Notify>>,
+    /// woken after every push, and when a handle is dropped. Declared after
+    /// `tx` so that a dropped handle's sender is gone before the wake-up.
+    wake: Waker,
+}
+
+/// Wakes a task-run store; on drop too, so the task sees the channel
+/// disconnected once the last handle is gone.
+#[derive(Clone)]
+struct Waker(Option<Arc<Notify>>);
+
+impl Waker {
+    fn wake(&self) {
+        if let Some(notify) = &self.0 {
+            notify.notify_one();
+        }
+    }
+}
+
+impl Drop for Waker {
+    fn drop(&mut self) {
+        self.wake();
+    }
 }
 
 /// Where the store's work runs; await [`StorageWorker::join`] after
@@ -169,6 +419,7 @@ impl LogAppender {
     pub fn spawn(
         node_id: NodeId,
         store: Box<dyn AppenderStore>,
+        snapshot_dir: Option<PathBuf>,
         events: mpsc::UnboundedSender<StorageEvent>,
     ) -> std::io::Result<(LogAppender, JoinHandle<()>)> {
         let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_COMMANDS);
@@ -177,22 +428,27 @@ impl LogAppender {
             .spawn(move || {
                 StorageThread {
                     store,
+                    snapshots: SnapshotFiles::new(snapshot_dir),
                     events,
                     mutations: 0,
                 }
                 .run(rx)
             })?;
-        Ok((LogAppender { tx, wake: None }, thread))
+        Ok((LogAppender { tx, wake: Waker(None) }, thread))
     }
 
     /// Runs the store on a task of the current tokio runtime instead of a
     /// thread: for stores that never block (the in-memory store), so that
     /// a single-threaded runtime with a paused clock runs the whole node
-    /// deterministically (the actor-level simulator). Each group of
-    /// commands waits `flush_delay` of (virtual) time before it is applied,
-    /// standing in for the disk.
+    /// deterministically (the actor-level simulator). Must be called inside
+    /// a `LocalSet` (an actix System). A group of commands is applied at
+    /// once, reads answered; when it holds a Flush, the flush itself then
+    /// takes `flush_delay` of (virtual) time, standing in for the disk's
+    /// fsync: what is sent meanwhile forms the next group, and a crash in
+    /// between loses the group's writes.
     pub fn spawn_task(
         store: Box<dyn AppenderStore>,
+        snapshot_dir: Option<PathBuf>,
         events: mpsc::UnboundedSender<StorageEvent>,
         flush_delay: Duration,
     ) -> (LogAppender, tokio::task::JoinHandle<()>) {
@@ -202,38 +458,52 @@ impl LogAppender {
         let task = tokio::task::spawn_local(async move {
             let mut worker = StorageThread {
                 store,
+                snapshots: SnapshotFiles::new(snapshot_dir),
                 events,
                 mutations: 0,
             };
             let mut group: Vec<Command> = Vec::with_capacity(64);
             let exit = loop {
-                if rx.is_empty() {
-                    // Only this task holds the notifier: every handle is gone.
-                    if Arc::strong_count(&woken) == 1 {
-                        break Exit::Shutdown(None);
+                match rx.try_recv() {
+                    Ok(command) => group.push(command),
+                    Err(TryRecvError::Empty) => {
+                        woken.notified().await;
+                        continue;
                     }
-                    woken.notified().await;
-                    continue;
+                    // Every handle is gone: finish like a shutdown.
+                    Err(TryRecvError::Disconnected) => break Exit::Shutdown(None),
                 }
                 fill(&rx, &mut group);
-                // The disk's time: what is sent meanwhile forms the next group.
-                if !flush_delay.is_zero() && group.iter().any(|c| matches!(c, Command::Flush)) {
-                    tokio::time::sleep(flush_delay).await;
+                let applied = match worker.apply_group(&mut group) {
+                    Ok(applied) => applied,
+                    Err(()) => break Exit::Failed,
+                };
+                if applied.flush {
+                    if !flush_delay.is_zero() {
+                        tokio::time::sleep(flush_delay).await;
+                    }
+                    if worker.flush_and_report().is_err() {
+                        break Exit::Failed;
+                    }
                 }
-                if let Some(exit) = worker.apply(&mut group) {
-                    break exit;
+                if let Some(reply) = applied.shutdown {
+                    break Exit::Shutdown(Some(reply));
                 }
             };
             worker.finish(exit);
         });
-        (LogAppender { tx, wake: Some(wake) }, task)
+        (
+            LogAppender {
+                tx,
+                wake: Waker(Some(wake)),
+            },
+            task,
+        )
     }
 
     fn push(&self, command: Command) -> Result<(), AppenderError> {
         let pushed = self.tx.try_send(command);
-        if let Some(wake) = &self.wake {
-            wake.notify_one();
-        }
+        self.wake.wake();
         match pushed {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(AppenderError::Overloaded(self.tx.len())),
@@ -290,27 +560,87 @@ impl LogAppender {
         self.push(Command::SetHighWatermarkHint(hw))
     }
 
+    /// Writes the snapshot `id` (records of `previous`, then of the log up to
+    /// `id.end_offset`, which must be committed and flushed).
+    pub fn create_snapshot(
+        &self,
+        id: SnapshotId,
+        previous: Option<SnapshotId>,
+    ) -> Result<oneshot::Receiver<Result<SnapshotMeta, String>>, AppenderError> {
+        let (reply, rx) = oneshot::channel();
+        self.push(Command::CreateSnapshot { id, previous, reply })?;
+        Ok(rx)
+    }
+
+    /// Reads a chunk of the local snapshot `id` for a FetchSnapshot answer.
+    pub fn read_snapshot_chunk(
+        &self,
+        id: SnapshotId,
+        position: u64,
+        max_bytes: usize,
+    ) -> Result<oneshot::Receiver<Result<SnapshotChunk, String>>, AppenderError> {
+        let (reply, rx) = oneshot::channel();
+        self.push(Command::ReadSnapshotChunk {
+            id,
+            position,
+            max_bytes,
+            reply,
+        })?;
+        Ok(rx)
+    }
+
+    /// Writes a chunk of the snapshot being fetched from the leader.
+    pub fn write_snapshot_chunk(
+        &self,
+        id: SnapshotId,
+        size: u64,
+        position: u64,
+        bytes: Vec<u8>,
+    ) -> Result<(), AppenderError> {
+        self.push(Command::WriteSnapshotChunk {
+            id,
+            size,
+            position,
+            bytes,
+        })
+    }
+
+    /// Validates and installs the fetched snapshot, then replaces the log by
+    /// an empty one starting at its end (durable when the reply is Ok).
+    pub fn install_snapshot(
+        &self,
+        id: SnapshotId,
+    ) -> Result<oneshot::Receiver<Result<SnapshotMeta, String>>, AppenderError> {
+        let (reply, rx) = oneshot::channel();
+        self.push(Command::InstallSnapshot { id, reply })?;
+        Ok(rx)
+    }
+
+    /// Deletes an old snapshot file (a failure is only logged).
+    pub fn delete_snapshot(&self, id: SnapshotId) -> Result<(), AppenderError> {
+        self.push(Command::DeleteSnapshot(id))
+    }
+
+    /// Compacts the log below `offset` (durable once applied).
+    pub fn delete_before(&self, offset: Offset) -> Result<(), AppenderError> {
+        self.push(Command::DeleteBefore(offset))
+    }
+
     /// Applies everything queued, flushes once more and stops the thread.
     /// The receiver resolves when the store is flushed (it errs if the thread
     /// had already stopped).
+    /// With a task-run store the queue is never waited on (that would
+    /// block the very thread the task runs on): a full queue is
+    /// `Overloaded`, and the task ends once every handle is dropped.
     pub fn shutdown(&self) -> Result<oneshot::Receiver<()>, AppenderError> {
         let (reply, rx) = oneshot::channel();
-        let sent = self.tx.send(Command::Shutdown(reply));
-        if let Some(wake) = &self.wake {
-            wake.notify_one();
+        if self.wake.0.is_some() {
+            self.push(Command::Shutdown(reply))?;
+            return Ok(rx);
         }
-        match sent {
+        match self.tx.send(Command::Shutdown(reply)) {
             Ok(()) => Ok(rx),
             Err(_) => Err(AppenderError::Stopped),
-        }
-    }
-}
-
-impl Drop for LogAppender {
-    fn drop(&mut self) {
-        // A task-run store notices the last handle going (see spawn_task).
-        if let Some(wake) = &self.wake {
-            wake.notify_one();
         }
     }
 }
@@ -327,9 +657,17 @@ fn fill(rx: &Receiver<Command>, group: &mut Vec<Command>) {
 
 struct StorageThread {
     store: Box<dyn AppenderStore>,
+    snapshots: SnapshotFiles,
     events: mpsc::UnboundedSender<StorageEvent>,
     /// Appends and truncates applied so far (see [`StorageEvent::Flushed`]).
     mutations: u64,
+}
+
+/// What one group asked for besides its writes and reads.
+struct Applied {
+    /// A Flush was among the commands: one durability point for all.
+    flush: bool,
+    shutdown: Option<oneshot::Sender<()>>,
 }
 
 /// Why the thread's loop ends.
@@ -348,20 +686,18 @@ impl StorageThread {
                 Err(_) => break Exit::Shutdown(None),
             }
             fill(&rx, &mut group);
-            if let Some(exit) = self.apply(&mut group) {
-                break exit;
+            let applied = match self.apply_group(&mut group) {
+                Ok(applied) => applied,
+                Err(()) => break Exit::Failed,
+            };
+            if applied.flush && self.flush_and_report().is_err() {
+                break Exit::Failed;
+            }
+            if let Some(reply) = applied.shutdown {
+                break Exit::Shutdown(Some(reply));
             }
         };
         self.finish(exit);
-    }
-
-    /// Applies one group; `Some` when the loop must end.
-    fn apply(&mut self, group: &mut Vec<Command>) -> Option<Exit> {
-        match self.apply_group(group) {
-            Ok(None) => None,
-            Ok(Some(reply)) => Some(Exit::Shutdown(Some(reply))),
-            Err(()) => Some(Exit::Failed),
-        }
     }
 
     fn finish(mut self, exit: Exit) {
@@ -381,9 +717,9 @@ impl StorageThread {
         }
     }
 
-    /// Applies one group in order; returns the shutdown reply when a
-    /// Shutdown was reached (later commands of the group are dropped).
-    fn apply_group(&mut self, group: &mut Vec<Command>) -> Result<Option<oneshot::Sender<()>>, ()> {
+    /// Applies one group in order, without its flush; stops at a Shutdown
+    /// (later commands of the group are dropped).
+    fn apply_group(&mut self, group: &mut Vec<Command>) -> Result<Applied, ()> {
         let mut flush_requested = false;
         let mut commands = group.drain(..);
         for command in commands.by_ref() {
@@ -415,14 +751,65 @@ impl StorageThread {
                     max_bytes,
                     reply,
                 } => {
-                    let batches = check(&self.events, self.store.read(from, until, max_bytes), || {
-                        format!("read of [{from}, {until})")
-                    })?;
-                    let _ = reply.send(batches);
+                    // A read that fails is answered by dropping the reply
+                    // (the reader sees the error); it never stops the node.
+                    let start = self.store.start_offset();
+                    let read = if from < start {
+                        self.snapshots.read_below(from, until.min(start), max_bytes)
+                    } else {
+                        self.store.read(from, until, max_bytes).map_err(|e| e.to_string())
+                    };
+                    match read {
+                        Ok(batches) => drop(reply.send(batches)),
+                        Err(e) => warn!("read of [{from}, {until}) failed: {e}"),
+                    }
                 }
                 Command::SetHighWatermarkHint(hw) => {
                     check(&self.events, self.store.set_high_watermark_hint(hw), || {
                         format!("high-watermark hint {hw}")
+                    })?;
+                }
+                Command::CreateSnapshot { id, previous, reply } => {
+                    let _ = reply.send(self.snapshots.create(&*self.store, id, previous));
+                }
+                Command::ReadSnapshotChunk {
+                    id,
+                    position,
+                    max_bytes,
+                    reply,
+                } => {
+                    let _ = reply.send(self.snapshots.read_chunk(id, position, max_bytes));
+                }
+                Command::WriteSnapshotChunk {
+                    id,
+                    size,
+                    position,
+                    bytes,
+                } => self.snapshots.write_chunk(id, size, position, &bytes),
+                Command::InstallSnapshot { id, reply } => match self.snapshots.finish_install(id) {
+                    Ok(meta) => {
+                        // The snapshot is durable; now the log restarts at its end.
+                        check(&self.events, self.store.reset(id.end_offset, id.epoch), || {
+                            format!("reset of the log to snapshot {id:?}")
+                        })?;
+                        // Durable on return, so not a mutation a later flush
+                        // report must cover.
+                        let _ = reply.send(Ok(meta));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                },
+                Command::DeleteSnapshot(id) => {
+                    if let Ok(dir) = self.snapshots.dir() {
+                        if let Err(e) = snapshot::delete(dir, id) {
+                            warn!("cannot delete snapshot {id:?}: {e}");
+                        }
+                    }
+                }
+                Command::DeleteBefore(offset) => {
+                    check(&self.events, self.store.delete_before(offset), || {
+                        format!("compaction of the log below {offset}")
                     })?;
                 }
                 Command::Shutdown(reply) => {
@@ -430,15 +817,18 @@ impl StorageThread {
                     if dropped > 0 {
                         debug!(dropped, "commands queued after Shutdown are dropped");
                     }
-                    return Ok(Some(reply));
+                    // The final flush comes with the shutdown itself.
+                    return Ok(Applied {
+                        flush: false,
+                        shutdown: Some(reply),
+                    });
                 }
             }
         }
-        drop(commands);
-        if flush_requested {
-            self.flush_and_report()?;
-        }
-        Ok(None)
+        Ok(Applied {
+            flush: flush_requested,
+            shutdown: None,
+        })
     }
 
     /// One durability point for the whole group, then the report.
@@ -516,8 +906,17 @@ mod tests {
         fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> storage::Result<Vec<Batch>> {
             self.inner.read(from, until, max_bytes)
         }
+        fn delete_before(&mut self, offset: Offset) -> storage::Result<()> {
+            self.inner.delete_before(offset)
+        }
+        fn reset(&mut self, start_offset: Offset, start_epoch: Epoch) -> storage::Result<()> {
+            self.inner.reset(start_offset, start_epoch)
+        }
         fn start_offset(&self) -> Offset {
             self.inner.start_offset()
+        }
+        fn start_epoch(&self) -> Epoch {
+            self.inner.start_epoch()
         }
         fn end_offset(&self) -> Offset {
             self.inner.end_offset()
@@ -559,7 +958,7 @@ mod tests {
     fn commands_apply_in_order_and_reads_see_earlier_appends_before_any_flush() {
         let (store, flushes) = store();
         let (events, mut events_rx) = mpsc::unbounded_channel();
-        let (appender, thread) = LogAppender::spawn(1, Box::new(store), events).unwrap();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), None, events).unwrap();
         appender.append(batch(0, 1, 2)).unwrap();
         appender.append(batch(2, 1, 1)).unwrap();
         let read = appender.read(0, 3, 1 << 20).unwrap();
@@ -604,7 +1003,7 @@ mod tests {
         let (entered_tx, entered) = std::sync::mpsc::channel();
         store.gate = Some((entered_tx, gate));
         let (events, mut events_rx) = mpsc::unbounded_channel();
-        let (appender, thread) = LogAppender::spawn(1, Box::new(store), events).unwrap();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), None, events).unwrap();
 
         appender.append(batch(0, 1, 1)).unwrap();
         appender.flush().unwrap();
@@ -644,7 +1043,7 @@ mod tests {
         let (mut store, _) = store();
         store.fail_appends = true;
         let (events, mut events_rx) = mpsc::unbounded_channel();
-        let (appender, thread) = LogAppender::spawn(1, Box::new(store), events).unwrap();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), None, events).unwrap();
         appender.append(batch(0, 1, 1)).unwrap();
         let read = appender.read(0, 1, 1024).unwrap();
         match block_on(events_rx.recv()).unwrap() {
@@ -662,7 +1061,7 @@ mod tests {
         let (store, _) = store();
         let hints = store.hints.clone();
         let (events, _events_rx) = mpsc::unbounded_channel();
-        let (appender, thread) = LogAppender::spawn(1, Box::new(store), events).unwrap();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), None, events).unwrap();
         appender.set_high_watermark_hint(7).unwrap();
         block_on(appender.shutdown().unwrap()).unwrap();
         thread.join().unwrap();

@@ -41,8 +41,9 @@ use tracing::{debug, error, info, warn};
 use crate::actors::fetch_purgatory::{self, FetchPurgatory, HighWatermarkAdvanced, Register, RoleUpdate};
 use crate::actors::log_appender::{LogAppender, StorageEvent};
 use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, MetadataListeners};
+use crate::actors::snapshot_policy::SnapshotPolicy;
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
-use crate::messages::{AppendRequest, AppendResponse, Batch, ErrorCode, RaftRequest, RaftResponse, Record};
+use crate::messages::{AppendRequest, AppendResponse, Batch, ErrorCode, RaftRequest, RaftResponse, Record, SnapshotId};
 use crate::node::{AppendError, Appended, LogEntry, LogPage, MetricsSnapshot, NodeError, QuorumStatus, ReplicaStatus};
 use crate::raft::{Action, NodeId, Offset, ProposeError, Proposed, RaftNode, RoleInfo, RoleKind};
 
@@ -101,6 +102,22 @@ pub struct ReadCommitted {
 #[rtype(result = "MetricsSnapshot")]
 pub struct GetMetrics;
 
+/// Write a snapshot now, at the committed and flushed end of the log.
+#[derive(Message, Debug)]
+#[rtype(result = "Result<SnapshotInfo, NodeError>")]
+pub struct CreateSnapshot;
+
+/// A snapshot this node holds (`POST /v1/snapshot`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SnapshotInfo {
+    pub end_offset: Offset,
+    pub epoch: crate::raft::Epoch,
+    pub size_bytes: u64,
+    /// False when nothing was committed since the latest snapshot, which is
+    /// returned instead.
+    pub created: bool,
+}
+
 /// Graceful shutdown: a leader resigns (EndQuorumEpoch), then the actor
 /// stops after at most [`SHUTDOWN_GRACE_MS`].
 #[derive(Message, Debug)]
@@ -127,6 +144,8 @@ pub struct QuorumPeers {
     pub forwarder: Addr<AppendForwarder>,
     pub purgatory: Addr<FetchPurgatory>,
     pub listeners: Addr<MetadataListeners>,
+    /// When to snapshot and compact, seeded with the snapshots found.
+    pub snapshots: SnapshotPolicy,
     /// Told once, when the actor stops.
     pub on_stopped: oneshot::Sender<StopReason>,
 }
@@ -222,6 +241,9 @@ pub struct QuorumState {
     stop_reason: Option<StopReason>,
     on_stopped: Option<oneshot::Sender<StopReason>>,
     metrics: Metrics,
+    snapshots: SnapshotPolicy,
+    /// A snapshot is being written (one at a time).
+    snapshotting: bool,
 }
 
 impl QuorumState {
@@ -258,6 +280,8 @@ impl QuorumState {
             shutting_down: None,
             stop_reason: None,
             on_stopped: Some(peers.on_stopped),
+            snapshots: peers.snapshots,
+            snapshotting: false,
             metrics: Metrics {
                 election_started_ms: Some(0),
                 ..Metrics::default()
@@ -328,6 +352,7 @@ impl QuorumState {
                 }
                 Action::AppendBatch(batch) => {
                     self.metrics.append_records_total += batch.record_count as u64;
+                    self.snapshots.on_appended(batch.size_bytes());
                     self.mutations_sent += 1;
                     self.unflushed.push_back((self.mutations_sent, batch.size_bytes()));
                     self.unflushed_bytes += batch.size_bytes();
@@ -407,29 +432,74 @@ impl QuorumState {
                         }
                     });
                 }
-                // Snapshot files are not served or installed by this shell
-                // yet (issue 3): nothing registers a snapshot with the
-                // engine, so a leader never redirects a fetch to one and
-                // these are not reached; they still answer honestly.
                 Action::RespondFetchSnapshot {
                     request_id,
                     mut response,
+                    max_bytes,
                     ..
                 } => {
-                    if let Some(reply) = self.inbound.remove(&request_id) {
-                        response.error = ErrorCode::SnapshotNotFound;
+                    let Some(reply) = self.inbound.remove(&request_id) else {
+                        continue;
+                    };
+                    let chunk = self
+                        .appender
+                        .read_snapshot_chunk(response.snapshot_id, response.position, max_bytes);
+                    let chunk = match chunk {
+                        Ok(chunk) => chunk,
+                        Err(e) => return self.fatal(ctx, format!("cannot queue a snapshot read: {e}")),
+                    };
+                    actix::spawn(async move {
+                        match chunk.await {
+                            Ok(Ok(chunk)) => {
+                                response.size = chunk.size;
+                                response.bytes = chunk.bytes;
+                            }
+                            Ok(Err(e)) => {
+                                warn!(id = ?response.snapshot_id, "cannot serve the snapshot: {e}");
+                                response.error = ErrorCode::SnapshotNotFound;
+                            }
+                            // The storage thread failed; it reports that itself.
+                            Err(_) => return,
+                        }
                         let _ = reply.send(RaftResponse::FetchSnapshot(response));
+                    });
+                }
+                Action::WriteSnapshotChunk {
+                    snapshot_id,
+                    size,
+                    position,
+                    bytes,
+                } => {
+                    if let Err(e) = self.appender.write_snapshot_chunk(snapshot_id, size, position, bytes) {
+                        return self.fatal(ctx, format!("cannot queue a snapshot chunk: {e}"));
                     }
                 }
-                Action::WriteSnapshotChunk { snapshot_id, .. } => {
-                    debug!(
-                        ?snapshot_id,
-                        "snapshot chunk dropped: installing snapshots is not supported yet"
-                    );
-                }
                 Action::InstallSnapshot(id) => {
-                    let now = self.tick();
-                    self.node.on_snapshot_install_failed(now, id);
+                    let installed = match self.appender.install_snapshot(id) {
+                        Ok(installed) => installed,
+                        Err(e) => return self.fatal(ctx, format!("cannot queue the install of snapshot {id:?}: {e}")),
+                    };
+                    // Like PersistElection: nothing else reaches the engine
+                    // until the log has been replaced.
+                    ctx.wait(wrap_future::<_, Self>(installed).map(move |result, act, ctx| {
+                        let now = act.tick();
+                        match result {
+                            Ok(Ok(meta)) => {
+                                info!(?id, size_bytes = meta.size_bytes, "installed the leader's snapshot");
+                                act.snapshots.on_created(id, meta.size_bytes, now);
+                                act.node.on_snapshot_installed(now, id);
+                            }
+                            Ok(Err(e)) => {
+                                warn!(?id, "the fetched snapshot could not be installed: {e}");
+                                act.node.on_snapshot_install_failed(now, id);
+                            }
+                            Err(_) => return act.fatal(ctx, format!("the install of snapshot {id:?} was lost")),
+                        }
+                        act.execute(actions, ctx);
+                        act.run_deferred(ctx);
+                        act.drive(ctx);
+                    }));
+                    return;
                 }
                 Action::HighWatermark(hw) => {
                     self.executed_high_watermark = self.executed_high_watermark.max(hw);
@@ -512,7 +582,99 @@ impl QuorumState {
         if self.shutting_down.as_ref().is_some_and(ShuttingDown::done) {
             return self.stop(ctx, StopReason::Shutdown);
         }
+        if self.shutting_down.is_none() && !ctx.waiting() {
+            if self.snapshots.snapshot_due(now, self.snapshot_end()) {
+                let _ = self.write_snapshot(ctx);
+            }
+            self.maybe_compact(now, ctx);
+        }
         self.rearm_timer(ctx);
+    }
+
+    /// Where a snapshot written now ends: the committed prefix that is also
+    /// flushed here (both are batch boundaries).
+    fn snapshot_end(&self) -> Offset {
+        self.executed_high_watermark.min(self.node.log().flushed_end())
+    }
+
+    /// Starts writing a snapshot at [`Self::snapshot_end`]; the receiver
+    /// gets it once it is durable. None when one is being written already
+    /// or nothing is newer than the latest.
+    fn write_snapshot(&mut self, ctx: &mut Context<Self>) -> Option<oneshot::Receiver<Result<SnapshotInfo, String>>> {
+        let end = self.snapshot_end();
+        let newer = self.snapshots.latest().is_none_or(|l| end > l.end_offset) && end > 0;
+        if self.snapshotting || !newer {
+            return None;
+        }
+        let id = SnapshotId {
+            end_offset: end,
+            epoch: self.node.log().epoch_before(end),
+        };
+        let created = match self.appender.create_snapshot(id, self.snapshots.latest()) {
+            Ok(created) => created,
+            Err(e) => {
+                warn!(?id, "cannot queue a snapshot: {e}");
+                return None;
+            }
+        };
+        self.snapshotting = true;
+        let (tx, rx) = oneshot::channel();
+        ctx.spawn(wrap_future::<_, Self>(created).map(move |result, act, ctx| {
+            act.snapshotting = false;
+            let now = act.tick();
+            let outcome = match result {
+                Ok(Ok(meta)) => {
+                    info!(?id, size_bytes = meta.size_bytes, "snapshot written");
+                    act.snapshots.on_created(id, meta.size_bytes, now);
+                    act.node.on_snapshot_created(now, id);
+                    act.drive(ctx);
+                    Ok(SnapshotInfo {
+                        end_offset: id.end_offset,
+                        epoch: id.epoch,
+                        size_bytes: meta.size_bytes,
+                        created: true,
+                    })
+                }
+                Ok(Err(e)) => {
+                    warn!(?id, "writing a snapshot failed: {e}");
+                    Err(e)
+                }
+                Err(_) => Err("the storage thread stopped".to_string()),
+            };
+            let _ = tx.send(outcome);
+        }));
+        Some(rx)
+    }
+
+    /// Runs the cleaner's decision: the engine's log start moves first (so
+    /// nothing below it is read again), then the store deletes the log
+    /// below it and the older snapshot files.
+    fn maybe_compact(&mut self, now: u64, ctx: &mut Context<Self>) {
+        if self.snapshotting {
+            return;
+        }
+        let log = self.node.log();
+        let Some(compaction) = self.snapshots.compaction(now, log.start_offset()) else {
+            return;
+        };
+        let start = compaction.start;
+        let movable = start.end_offset > log.start_offset()
+            && start.end_offset <= log.flushed_end()
+            && start.end_offset <= self.executed_high_watermark;
+        if movable {
+            info!(
+                log_start_offset = start.end_offset,
+                "compacting the log below the newest snapshot"
+            );
+            self.node.on_log_start_advanced(now, start.end_offset, start.epoch);
+            if let Err(e) = self.appender.delete_before(start.end_offset) {
+                return self.fatal(ctx, format!("cannot queue a compaction: {e}"));
+            }
+        }
+        for id in compaction.delete {
+            let _ = self.appender.delete_snapshot(id);
+        }
+        self.drive(ctx);
     }
 
     fn rearm_timer(&mut self, ctx: &mut Context<Self>) {
@@ -973,6 +1135,37 @@ impl Handler<GetMetrics> for QuorumState {
     }
 }
 
+impl Handler<CreateSnapshot> for QuorumState {
+    type Result = ResponseFuture<Result<SnapshotInfo, NodeError>>;
+
+    fn handle(&mut self, _msg: CreateSnapshot, ctx: &mut Self::Context) -> Self::Result {
+        self.tick();
+        self.drive(ctx);
+        if let Some(created) = self.write_snapshot(ctx) {
+            return Box::pin(async move {
+                match created.await {
+                    Ok(result) => result.map_err(NodeError),
+                    Err(_) => Err(NodeError("the node stopped while writing the snapshot".to_string())),
+                }
+            });
+        }
+        let answer = if self.snapshotting {
+            Err(NodeError("a snapshot is being written; try again".to_string()))
+        } else {
+            match self.snapshots.latest_held() {
+                Some(held) => Ok(SnapshotInfo {
+                    end_offset: held.id.end_offset,
+                    epoch: held.id.epoch,
+                    size_bytes: held.size_bytes,
+                    created: false,
+                }),
+                None => Err(NodeError("nothing is committed yet".to_string())),
+            }
+        };
+        Box::pin(ready(answer))
+    }
+}
+
 impl Handler<ReadCommitted> for QuorumState {
     type Result = ResponseFuture<Result<LogPage, NodeError>>;
 
@@ -983,7 +1176,9 @@ impl Handler<ReadCommitted> for QuorumState {
         // to storage, so a read queued now sees exactly the committed log.
         let high_watermark = self.executed_high_watermark;
         let log_start_offset = self.node.log().start_offset();
-        let from = msg.from.max(log_start_offset);
+        // Below the log start the records come from the newest snapshot,
+        // which holds every one of them.
+        let from = msg.from.max(0);
         let max = msg.max.min(READ_COMMITTED_MAX_RECORDS);
         let empty = LogPage {
             high_watermark,

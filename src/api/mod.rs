@@ -4,7 +4,8 @@
 //! |---|---|
 //! | `GET /v1/quorum` | 200 [`QuorumStatus`] |
 //! | `POST /v1/append` `{"records": ["text", ...]}` | 200 `{"base_offset", "last_offset", "epoch"}` once committed |
-//! | `GET /v1/log?from=OFFSET&max=N` | 200 [`LogPage`] of committed records |
+//! | `GET /v1/log?from=OFFSET&max=N` | 200 [`LogPage`] of committed records (below the log start: from the newest snapshot) |
+//! | `POST /v1/snapshot` | 200 `{"end_offset", "epoch", "size_bytes", "created"}` once the snapshot is durable |
 //! | `GET /healthz` | 200 `{"status": "ok", "node_id", "role", "leader_id", "leader_epoch"}` |
 //! | `GET /metrics` | 200 Prometheus text (see [`metrics`]) |
 //!
@@ -34,7 +35,7 @@ use serde_json::json;
 pub use error::ApiError;
 
 use crate::messages::MAX_BATCH_BYTES;
-use crate::node::{AppendError, Appended, LogPage, MetricsSnapshot, NodeError, NodeHandle, QuorumStatus};
+use crate::node::{AppendError, Appended, LogPage, MetricsSnapshot, NodeError, NodeHandle, QuorumStatus, SnapshotInfo};
 use crate::raft::Offset;
 
 /// `GET /v1/log` returns this many records when `max` is not given.
@@ -74,6 +75,7 @@ pub(crate) trait NodeApi: Clone + 'static {
     fn describe(&self) -> impl Future<Output = Result<QuorumStatus, NodeError>>;
     fn read_committed(&self, from: Offset, max: usize) -> impl Future<Output = Result<LogPage, NodeError>>;
     fn metrics(&self) -> impl Future<Output = Result<MetricsSnapshot, NodeError>>;
+    fn create_snapshot(&self) -> impl Future<Output = Result<SnapshotInfo, NodeError>>;
 }
 
 impl NodeApi for NodeHandle {
@@ -88,6 +90,9 @@ impl NodeApi for NodeHandle {
     }
     fn metrics(&self) -> impl Future<Output = Result<MetricsSnapshot, NodeError>> {
         NodeHandle::metrics(self)
+    }
+    fn create_snapshot(&self) -> impl Future<Output = Result<SnapshotInfo, NodeError>> {
+        NodeHandle::create_snapshot(self)
     }
 }
 
@@ -150,6 +155,11 @@ fn routes<N: NodeApi>(cfg: &mut web::ServiceConfig, node: N, max_body_bytes: usi
                 .default_service(web::to(not_allowed)),
         )
         .service(
+            web::resource("/v1/snapshot")
+                .route(web::post().to(snapshot::<N>))
+                .default_service(web::to(not_allowed)),
+        )
+        .service(
             web::resource("/healthz")
                 .route(web::get().to(healthz::<N>))
                 .default_service(web::to(not_allowed)),
@@ -191,6 +201,12 @@ async fn not_allowed(req: HttpRequest) -> HttpResponse {
 
 async fn quorum<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(node.describe().await?))
+}
+
+/// Writes a snapshot at the committed end of the log and answers once it
+/// is durable (the latest one, `created: false`, if nothing is newer).
+async fn snapshot<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(node.create_snapshot().await?))
 }
 
 /// The body of `POST /v1/append`.

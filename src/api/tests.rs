@@ -76,6 +76,14 @@ impl NodeApi for FakeNode {
             ..MetricsSnapshot::default()
         })
     }
+    async fn create_snapshot(&self) -> Result<SnapshotInfo, NodeError> {
+        Ok(SnapshotInfo {
+            end_offset: 9,
+            epoch: 2,
+            size_bytes: 140,
+            created: true,
+        })
+    }
 }
 
 /// Sends `req` to an app around `node` (body cap `limit`) and returns the

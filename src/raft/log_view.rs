@@ -127,6 +127,31 @@ impl LogView {
         self.flushed_end = self.flushed_end.min(end_offset);
     }
 
+    /// The log now starts at `start_offset` (a batch boundary that is
+    /// durable), whose previous record has `start_epoch`: everything below
+    /// was compacted into a snapshot.
+    pub fn advance_start(&mut self, start_offset: Offset, start_epoch: Epoch) {
+        assert!(
+            start_offset >= self.start_offset && start_offset <= self.flushed_end,
+            "log start {start_offset} outside [{}, {}]",
+            self.start_offset,
+            self.flushed_end
+        );
+        // The epoch of the record at the new start, if there is one.
+        let covering = self
+            .epochs
+            .iter()
+            .rev()
+            .find(|(_, start)| *start <= start_offset)
+            .copied();
+        self.epochs.retain(|(_, start)| *start > start_offset);
+        if let Some((epoch, _)) = covering.filter(|_| start_offset < self.end_offset) {
+            self.epochs.insert(0, (epoch, start_offset));
+        }
+        self.start_offset = start_offset;
+        self.start_epoch = start_epoch;
+    }
+
     /// Storage made everything below `durable_end` durable.
     pub fn on_flushed(&mut self, durable_end: Offset) {
         self.flushed_end = self.flushed_end.max(durable_end.min(self.end_offset));
@@ -165,6 +190,22 @@ mod tests {
         assert_eq!(log.epoch_before(3), 1);
         assert_eq!(log.epoch_before(4), 3);
         assert_eq!(log.epoch_before(10), 4);
+    }
+
+    #[test]
+    fn advancing_the_start_keeps_the_epochs_above_it() {
+        let mut log = sample();
+        log.advance_start(5, 3);
+        assert_eq!((log.start_offset(), log.end_offset()), (5, 10));
+        assert_eq!(log.epochs(), &[(3, 5), (4, 7)]);
+        assert_eq!(log.epoch_before(5), 3);
+        assert_eq!(log.epoch_before(8), 4);
+        assert_eq!(log.end_offset_for_epoch(1), None, "epoch 1 is below the start now");
+        log.advance_start(10, 4);
+        assert_eq!(log.epochs(), &[] as &[(Epoch, Offset)]);
+        assert_eq!((log.last_epoch(), log.epoch_before(10)), (4, 4));
+        log.append(10, 12, 4);
+        assert_eq!(log.epochs(), &[(4, 10)]);
     }
 
     #[test]

@@ -556,8 +556,19 @@ impl RaftNode {
         self.latest_snapshot
     }
 
-    /// A snapshot of committed state was written locally (or found at
-    /// start). Snapshots only ever grow newer; one past the high watermark
+    /// At start, before any input: the newest valid snapshot on disk. It
+    /// holds committed state, so the high watermark is at least its end.
+    pub fn restore_snapshot(&mut self, id: SnapshotId) {
+        debug_assert!(id.end_offset >= self.log.start_offset() && id.end_offset <= self.log.end_offset());
+        self.latest_snapshot = Some(id);
+        let committed = id.end_offset.min(self.log.end_offset());
+        if committed > self.high_watermark {
+            self.high_watermark = committed;
+            self.actions.push(Action::HighWatermark(committed));
+        }
+    }
+
+    /// A snapshot of committed state was written locally. Snapshots only ever grow newer; one past the high watermark
     /// would hold uncommitted state and is ignored.
     pub fn on_snapshot_created(&mut self, now_ms: u64, id: SnapshotId) {
         self.advance_clock(now_ms);
@@ -592,6 +603,34 @@ impl RaftNode {
         if id.end_offset > self.high_watermark {
             self.high_watermark = id.end_offset;
             self.actions.push(Action::HighWatermark(id.end_offset));
+        }
+        self.poll();
+    }
+
+    /// Everything below `start_offset` (a batch boundary at or below the
+    /// high watermark and the flushed end) is being compacted into a
+    /// snapshot: the log starts there now. Call it before the store deletes
+    /// anything, so that no read below the new start is asked for after.
+    /// Parked fetches below it are answered with the snapshot.
+    pub fn on_log_start_advanced(&mut self, now_ms: u64, start_offset: Offset, start_epoch: Epoch) {
+        self.advance_clock(now_ms);
+        if start_offset <= self.log.start_offset() {
+            return;
+        }
+        self.log.advance_start(start_offset, start_epoch);
+        let (below, above): (Vec<ParkedFetch>, Vec<ParkedFetch>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| p.fetch_offset < start_offset);
+        self.parked = above;
+        for parked in below {
+            let mut response = self.fetch_error(ErrorCode::None);
+            response.snapshot_id = Some(self.snapshot_at_log_start());
+            self.actions.push(Action::RespondFetch {
+                to: parked.replica,
+                request_id: parked.request_id,
+                response,
+                read: None,
+            });
         }
         self.poll();
     }

@@ -14,6 +14,11 @@
 //! ```
 //!
 //! `flush` and `crash` then cost O(writes since the last flush).
+//!
+//! Both start at `start_offset`: `delete_before` and `reset`, the only
+//! operations that move it, flush first and are durable on return, so the
+//! visible log and the durable image always share their start (and its
+//! epoch), and a crash never moves it.
 
 use super::{check_append, check_election_transition, EpochCache, LogStore, ReadBudget, Result, StorageError};
 use crate::messages::Batch;
@@ -26,9 +31,15 @@ use crate::raft::{ElectionState, Epoch, Offset};
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
     election: ElectionState,
-    /// The visible log, contiguous from offset 0.
+    /// First offset of the log, visible and durable alike (0 until
+    /// `delete_before` or `reset` moves it).
+    start_offset: Offset,
+    /// Epoch of the record just below `start_offset` (0 at offset 0).
+    /// Invariant: no batch of the log has a lower epoch.
+    start_epoch: Epoch,
+    /// The visible log, contiguous from `start_offset`.
     /// Invariant: `batches[i + 1].base_offset == batches[i].next_offset()`,
-    /// `batches[0].base_offset == 0`, epochs never decrease.
+    /// `batches[0].base_offset == start_offset`, epochs never decrease.
     batches: Vec<Batch>,
     /// How many leading batches of `batches` are also in the durable image.
     /// Invariant: `durable_prefix <= batches.len()`.
@@ -37,7 +48,8 @@ pub struct MemoryStore {
     /// log, in log order. They follow `batches[..durable_prefix]` in the
     /// durable image and come back on a crash.
     /// Invariant: empty right after a flush; when not empty its first batch
-    /// starts where `batches[..durable_prefix]` ends.
+    /// starts where `batches[..durable_prefix]` ends (`start_offset` when
+    /// that prefix is empty).
     truncated_durable: Vec<Batch>,
     /// Epoch cache of the visible log.
     epochs: EpochCache,
@@ -92,7 +104,7 @@ impl MemoryStore {
     fn durable_prefix_end(&self) -> Offset {
         match self.durable_prefix.checked_sub(1) {
             Some(last) => self.batches[last].next_offset(),
-            None => 0,
+            None => self.start_offset,
         }
     }
 
@@ -111,6 +123,10 @@ impl MemoryStore {
     fn check_invariants(&self) {
         if cfg!(debug_assertions) {
             assert!(self.durable_prefix <= self.batches.len(), "durable prefix past the log");
+            if let Some(first) = self.batches.first().or(self.truncated_durable.first()) {
+                assert_eq!(first.base_offset, self.start_offset, "log does not begin at its start");
+                assert!(first.epoch >= self.start_epoch, "epoch below the start epoch");
+            }
             let mut next = self.durable_prefix_end();
             for batch in &self.truncated_durable {
                 assert_eq!(batch.base_offset, next, "durable image is not contiguous");
@@ -138,6 +154,9 @@ impl LogStore for MemoryStore {
 
     fn append(&mut self, batch: &Batch) -> Result<()> {
         check_append(self.end_offset(), self.epochs.last_epoch(), batch)?;
+        if self.batches.is_empty() && batch.epoch < self.start_epoch {
+            return Err(below_start_epoch(batch, self.start_epoch));
+        }
         self.epochs.on_append(batch.epoch, batch.base_offset);
         self.batches.push(batch.clone());
         Ok(())
@@ -206,17 +225,81 @@ impl LogStore for MemoryStore {
         Ok(batches)
     }
 
+    /// Flushes, then drops the front batches. `offset` may not pass the
+    /// end of the flushed part of the visible log (`batches[..durable_prefix]`):
+    /// the durable end, or below it when an unflushed truncation and appends
+    /// replaced durable batches (those appends are not flushed either).
+    fn delete_before(&mut self, offset: Offset) -> Result<()> {
+        let flushed_end = self.durable_prefix_end();
+        if offset > flushed_end {
+            return Err(StorageError::Invalid(format!(
+                "compaction below {offset}, past {flushed_end}, the end of the flushed log: \
+                 only flushed batches are compacted"
+            )));
+        }
+        self.flush()?;
+        // Every batch is durable now: the durable prefix is the whole log.
+        let removed = self.batches.partition_point(|batch| batch.next_offset() <= offset);
+        if let Some(last_removed) = removed.checked_sub(1) {
+            self.start_epoch = self.batches[last_removed].epoch;
+            self.start_offset = self.batches.get(removed).map_or(offset, |kept| kept.base_offset);
+            self.batches.drain(..removed);
+            self.durable_prefix = self.batches.len();
+            self.epochs.truncate_front(self.start_offset, self.end_offset());
+        }
+        self.check_invariants();
+        Ok(())
+    }
+
+    fn reset(&mut self, start_offset: Offset, start_epoch: Epoch) -> Result<()> {
+        check_reset(start_offset, start_epoch)?;
+        // Pending appends and truncations go too: nothing a crash could
+        // bring back is left.
+        self.batches.clear();
+        self.truncated_durable.clear();
+        self.durable_prefix = 0;
+        self.epochs.clear();
+        self.start_offset = start_offset;
+        self.start_epoch = start_epoch;
+        self.check_invariants();
+        Ok(())
+    }
+
     fn start_offset(&self) -> Offset {
-        0
+        self.start_offset
+    }
+
+    fn start_epoch(&self) -> Epoch {
+        self.start_epoch
     }
 
     fn end_offset(&self) -> Offset {
-        self.batches.last().map(Batch::next_offset).unwrap_or(0)
+        self.batches.last().map_or(self.start_offset, Batch::next_offset)
     }
 
     fn epoch_cache(&self) -> Vec<(Epoch, Offset)> {
         self.epochs.to_vec()
     }
+}
+
+/// The arguments `reset` refuses in both backends.
+pub(crate) fn check_reset(start_offset: Offset, start_epoch: Epoch) -> Result<()> {
+    if start_offset < 0 || start_epoch < 0 {
+        return Err(StorageError::Invalid(format!(
+            "reset of the log to start at offset {start_offset} in epoch {start_epoch}: negative"
+        )));
+    }
+    Ok(())
+}
+
+/// The refusal, in both backends, of a first batch whose epoch is below the
+/// epoch of the record before the log start (epochs never go back, across
+/// the start too).
+pub(crate) fn below_start_epoch(batch: &Batch, start_epoch: Epoch) -> StorageError {
+    StorageError::Invalid(format!(
+        "append of a batch of epoch {} at offset {}, below the epoch {start_epoch} of the record before the log start",
+        batch.epoch, batch.base_offset
+    ))
 }
 
 #[cfg(test)]
@@ -230,6 +313,53 @@ mod tests {
 
     fn offsets(batches: &[Batch]) -> Vec<Offset> {
         batches.iter().map(|b| b.base_offset).collect()
+    }
+
+    #[test]
+    fn epoch_cache_front_truncation() {
+        let mut cache = EpochCache::default();
+        for (epoch, base) in [(1, 0), (1, 2), (3, 4), (3, 6), (5, 8)] {
+            cache.on_append(epoch, base);
+        }
+        // Batches end at 10.
+        assert_eq!(cache.to_vec(), vec![(1, 0), (3, 4), (5, 8)]);
+        assert_eq!(
+            [0, 3, 4, 7, 8, 100].map(|o| cache.epoch_at(o)),
+            [Some(1), Some(1), Some(3), Some(3), Some(5), Some(5)]
+        );
+        assert_eq!(cache.epoch_at(-1), None);
+        let mut front = cache.clone();
+        front.truncate_front(0, 10);
+        assert_eq!(front, cache, "nothing below the first batch");
+        front.truncate_front(2, 10);
+        assert_eq!(front.to_vec(), vec![(1, 2), (3, 4), (5, 8)]);
+        front.truncate_front(4, 10);
+        assert_eq!(front.to_vec(), vec![(3, 4), (5, 8)]);
+        front.truncate_front(8, 10);
+        assert_eq!(front.to_vec(), vec![(5, 8)]);
+        front.truncate_front(10, 10);
+        assert_eq!(front.to_vec(), vec![]);
+        cache.truncate_front(6, 10);
+        assert_eq!(cache.to_vec(), vec![(3, 6), (5, 8)]);
+        cache.clear();
+        assert_eq!(cache.last_epoch(), None);
+    }
+
+    #[test]
+    fn compaction_keeps_the_durable_image_consistent() {
+        let mut store = MemoryStore::new();
+        for (base, epoch) in [(0, 1), (2, 1), (4, 2)] {
+            store.append(&batch(base, epoch, 2)).unwrap();
+        }
+        store.flush().unwrap();
+        store.truncate(4).unwrap();
+        store.delete_before(2).unwrap();
+        assert_eq!(offsets(&store.durable_batches()), vec![2]);
+        assert_eq!((store.start_offset(), store.durable_end_offset()), (2, 4));
+        store.append(&batch(4, 3, 1)).unwrap();
+        store.crash();
+        assert_eq!(offsets(&store.read(2, 100, usize::MAX).unwrap()), vec![2]);
+        assert_eq!(store.epoch_cache(), vec![(1, 2)]);
     }
 
     #[test]

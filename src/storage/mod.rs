@@ -56,6 +56,19 @@ pub type Result<T> = std::result::Result<T, StorageError>;
 ///   `[from, until)`, in order, stopping once `max_bytes` is reached but
 ///   always returning at least one batch when `from < until` and `from` is in
 ///   the log.
+/// - `delete_before(o)` (compaction below a snapshot whose end is `o`)
+///   removes every batch that lies wholly below `o`; the log then starts at
+///   the first batch kept, or at `o` when none is (`o == end_offset()`).
+///   `o` must not pass the durable end: only committed, flushed batches are
+///   compacted. Durable when it returns (it flushes).
+/// - `reset(o, epoch)` (a snapshot ending at `o` in `epoch` was installed)
+///   replaces the whole log by an empty one that starts at `o`, which may
+///   lie beyond the current end. Durable when it returns (it flushes).
+/// - `start_epoch()` is the epoch of the record just below the log start:
+///   0 for a log that starts at 0, else the epoch of the last batch
+///   `delete_before` removed, or the `epoch` given to `reset`.
+/// - The log start and its epoch survive a reopen (sled keeps them in its
+///   meta tree), also when the log is empty.
 pub trait LogStore: Send + 'static {
     fn election_state(&self) -> Result<ElectionState>;
     fn write_election_state(&mut self, state: &ElectionState) -> Result<()>;
@@ -65,8 +78,16 @@ pub trait LogStore: Send + 'static {
     fn flush(&mut self) -> Result<()>;
     fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>>;
 
+    /// Removes every batch wholly below `offset`; durable on return.
+    fn delete_before(&mut self, offset: Offset) -> Result<()>;
+    /// Replaces the log by an empty one starting at `start_offset`; durable
+    /// on return.
+    fn reset(&mut self, start_offset: Offset, start_epoch: Epoch) -> Result<()>;
+
     /// First offset held in the log (0 until snapshots move it).
     fn start_offset(&self) -> Offset;
+    /// Epoch of the record just below the log start (0 at offset 0).
+    fn start_epoch(&self) -> Epoch;
     /// Offset after the last batch (exclusive end).
     fn end_offset(&self) -> Offset;
     /// (epoch, start offset) of every epoch with a batch in the log,
@@ -192,6 +213,39 @@ impl EpochCache {
         while matches!(self.entries.last(), Some((_, start)) if *start >= end_offset) {
             self.entries.pop();
         }
+    }
+
+    /// The epoch of the batch holding `offset`, for an offset inside the
+    /// log (`None` below the first epoch).
+    pub(crate) fn epoch_at(&self, offset: Offset) -> Option<Epoch> {
+        let holders = self.entries.partition_point(|(_, start)| *start <= offset);
+        holders.checked_sub(1).map(|index| self.entries[index].0)
+    }
+
+    /// Forgets the front of the log once it starts at `start_offset` and
+    /// ends at `end_offset`: the epochs left without a batch go, and the
+    /// first epoch kept starts at `start_offset` (the base of the first
+    /// batch kept). A log left empty has no epoch.
+    pub(crate) fn truncate_front(&mut self, start_offset: Offset, end_offset: Offset) {
+        if start_offset >= end_offset {
+            self.entries.clear();
+            return;
+        }
+        // The epoch holding `start_offset` is the last one starting at or
+        // below it; every epoch before it ends at or below `start_offset`.
+        let holder = self
+            .entries
+            .partition_point(|(_, start)| *start <= start_offset)
+            .saturating_sub(1);
+        self.entries.drain(..holder);
+        if let Some((_, first)) = self.entries.first_mut() {
+            *first = (*first).max(start_offset);
+        }
+    }
+
+    /// Forgets every epoch (the log was emptied).
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
     }
 
     pub(crate) fn to_vec(&self) -> Vec<(Epoch, Offset)> {

@@ -2,7 +2,9 @@
 //! directory under the node's data dir, with three trees:
 //!
 //! - `meta`: the [`Identity`] (cluster id, node id, format version), written
-//!   on first open and checked on every open, and the high watermark hint;
+//!   on first open and checked on every open, the high watermark hint, and
+//!   the log start with its epoch (`log_start`, absent until compaction or a
+//!   snapshot install first moves it: absent means offset 0, epoch 0);
 //! - `election`: one key, the bincode [`ElectionState`];
 //! - `log`: key = big-endian base offset, value = one encoded [`Batch`]
 //!   (one sled value per batch, never per record).
@@ -36,6 +38,17 @@
 //! else is a hard [`StorageError::Corrupt`], as is a tail truncation that
 //! would cut below the high watermark hint, or a log that ends below it.
 //!
+//! The log starts at the persisted log start. `delete_before` writes the
+//! new start before it removes the batches below it, so a crash in between
+//! leaves batches wholly below the start: they are removed (and logged) at
+//! open. A log whose first batch starts above the persisted start has lost
+//! batches, and one whose first batch straddles it was never written by this
+//! store: both are a hard [`StorageError::Corrupt`], and the open removes
+//! nothing. An empty log starts at the persisted start. `reset` marks the
+//! start it writes as pending until every old batch is gone, and an open that
+//! finds the mark removes every batch: old batches at or above the new start
+//! would otherwise pass for a log.
+//!
 //! That covers damage to our values. Damage inside sled's own data file is
 //! different: sled's recovery silently keeps only what precedes the first
 //! damaged record of its log (measured: random byte flips bring back a
@@ -50,9 +63,11 @@ use std::io;
 use std::ops::Bound;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use super::memory::{below_start_epoch, check_reset};
 use super::{
     check_append, check_election_transition, EpochCache, Identity, LogStore, ReadBudget, Result, StorageError,
     FORMAT_VERSION, MAX_STORED_BATCH_BYTES,
@@ -82,9 +97,22 @@ const ELECTION_TREE: &str = "election";
 const LOG_TREE: &str = "log";
 const IDENTITY_KEY: &[u8] = b"identity";
 const HW_HINT_KEY: &[u8] = b"high_watermark_hint";
+const LOG_START_KEY: &[u8] = b"log_start";
 const ELECTION_KEY: &[u8] = b"state";
 /// Decode limit for the small values of the meta and election trees.
 const SMALL_VALUE_LIMIT: u64 = 64 * 1024;
+
+/// The value under [`LOG_START_KEY`]: where the log starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct LogStart {
+    /// First offset of the log.
+    offset: Offset,
+    /// Epoch of the record just below `offset`.
+    epoch: Epoch,
+    /// Set while `reset` removes the old log: every batch an open finds
+    /// under this mark is left over from before the reset.
+    reset_pending: bool,
+}
 
 /// The production [`LogStore`].
 ///
@@ -106,8 +134,16 @@ pub struct SledStore {
     /// Cache of the durable election state (loaded at open, replaced only
     /// after a write of it became durable).
     election: ElectionState,
-    /// First offset of the log. Invariant: `start_offset <= end_offset`.
+    /// First offset of the log, as persisted under [`LOG_START_KEY`].
+    /// Invariant: `start_offset <= end_offset`; the same value as
+    /// `reader_start`.
     start_offset: Offset,
+    /// Epoch of the record just below the log start, as persisted.
+    /// Invariant: no batch of the log has a lower epoch.
+    start_epoch: Epoch,
+    /// `start_offset`, shared with every [`SledReader`]; changed only under
+    /// `truncation_lock`.
+    reader_start: Arc<AtomicI64>,
     /// Offset after the last batch. Invariant: the `log` tree holds exactly
     /// the contiguous batches covering `[start_offset, end_offset)`.
     end_offset: Offset,
@@ -119,8 +155,8 @@ pub struct SledStore {
     persisted_hw_hint: Offset,
     /// Number of `fdatasync`s of `data_file`: one per durability point.
     fsync_count: u64,
-    /// Held for writing while a truncation removes batches, and for reading
-    /// by every [`SledReader`] read (see there).
+    /// Held for writing while a truncation, a compaction or a reset removes
+    /// batches, and for reading by every [`SledReader`] read (see there).
     truncation_lock: Arc<RwLock<()>>,
 }
 
@@ -129,6 +165,7 @@ impl std::fmt::Debug for SledStore {
         f.debug_struct("SledStore")
             .field("dir", &self.dir)
             .field("start_offset", &self.start_offset)
+            .field("start_epoch", &self.start_epoch)
             .field("end_offset", &self.end_offset)
             .field("epochs", &self.epochs)
             .field("high_watermark_hint", &self.high_watermark_hint)
@@ -190,7 +227,8 @@ impl SledStore {
         }
         let election = load_election_state(dir, &election_tree)?;
         let high_watermark_hint = load_hw_hint(dir, &meta)?;
-        let recovered = recover_log(&log, high_watermark_hint)?;
+        let log_start = load_log_start(dir, &meta)?;
+        let recovered = recover_log(&log, &log_start, high_watermark_hint)?;
 
         let mut store = SledStore {
             dir: dir.to_path_buf(),
@@ -203,6 +241,8 @@ impl SledStore {
             data_file,
             election,
             start_offset: recovered.start_offset,
+            start_epoch: log_start.epoch,
+            reader_start: Arc::new(AtomicI64::new(recovered.start_offset)),
             end_offset: recovered.end_offset,
             epochs: recovered.epochs,
             high_watermark_hint,
@@ -210,6 +250,32 @@ impl SledStore {
             fsync_count: 0,
             truncation_lock: Arc::new(RwLock::new(())),
         };
+        if !recovered.stale.is_empty() {
+            let reason = if log_start.reset_pending {
+                "removing the old log left by a reset that a crash interrupted"
+            } else {
+                "removing batches below the persisted log start, left by a compaction that a crash interrupted"
+            };
+            tracing::warn!(
+                dir = %store.dir.display(),
+                log_start = log_start.offset,
+                removed_values = recovered.stale.len(),
+                "{reason}"
+            );
+            let mut removal = sled::Batch::default();
+            for key in &recovered.stale {
+                removal.remove(key.clone());
+            }
+            store.log.apply_batch(removal).map_err(sled_error)?;
+        }
+        if log_start.reset_pending {
+            // Only once the old log is gone (sled recovers a prefix of its
+            // writes): from here on, batches are appended to the new log.
+            store.write_log_start(&LogStart {
+                reset_pending: false,
+                ..log_start
+            })?;
+        }
         if let Some(tail) = &recovered.damaged_tail {
             tracing::warn!(
                 dir = %store.dir.display(),
@@ -247,6 +313,7 @@ impl SledStore {
     pub fn reader(&self) -> SledReader {
         SledReader {
             log: self.log.clone(),
+            start: Arc::clone(&self.reader_start),
             truncation_lock: Arc::clone(&self.truncation_lock),
         }
     }
@@ -297,9 +364,39 @@ impl SledStore {
         Ok(())
     }
 
+    fn write_log_start(&self, log_start: &LogStart) -> Result<()> {
+        self.meta.insert(LOG_START_KEY, encode(log_start)).map_err(sled_error)?;
+        Ok(())
+    }
+
+    /// Removes the `log` values under `keys` and moves the log start, with
+    /// readers excluded (see [`SledReader`]).
+    fn remove_front(&mut self, keys: Vec<sled::IVec>, start_offset: Offset) -> Result<()> {
+        let mut removal = sled::Batch::default();
+        for key in keys {
+            removal.remove(key);
+        }
+        let _no_readers = self.truncation_lock.write().unwrap_or_else(|e| e.into_inner());
+        self.log.apply_batch(removal).map_err(sled_error)?;
+        self.start_offset = start_offset;
+        self.reader_start.store(start_offset, Ordering::Release);
+        Ok(())
+    }
+
     /// Debug-build check of the invariants written on the fields.
     fn check_invariants(&self) {
         debug_assert!(self.start_offset <= self.end_offset, "log start past its end");
+        debug_assert_eq!(
+            self.start_offset,
+            self.reader_start.load(Ordering::Acquire),
+            "readers see another log start"
+        );
+        debug_assert!(
+            self.epoch_cache()
+                .first()
+                .is_none_or(|&(epoch, offset)| epoch >= self.start_epoch && offset == self.start_offset),
+            "epoch cache does not begin at the log start"
+        );
         debug_assert!(
             self.high_watermark_hint <= self.end_offset,
             "high watermark hint past the log end"
@@ -324,6 +421,9 @@ impl LogStore for SledStore {
 
     fn append(&mut self, batch: &Batch) -> Result<()> {
         check_append(self.end_offset, self.epochs.last_epoch(), batch)?;
+        if self.epochs.last_epoch().is_none() && batch.epoch < self.start_epoch {
+            return Err(below_start_epoch(batch, self.start_epoch));
+        }
         self.log
             .insert(offset_key(batch.base_offset), encode(batch))
             .map_err(sled_error)?;
@@ -391,14 +491,100 @@ impl LogStore for SledStore {
     }
 
     fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>> {
-        if from < self.start_offset {
-            return Err(below_start(from, self.start_offset));
+        read_log(&self.log, self.start_offset, from, until, max_bytes)
+    }
+
+    /// Writes the new log start, then removes the batches below it, then
+    /// flushes: a crash in between leaves batches below the start, which the
+    /// next open removes.
+    fn delete_before(&mut self, offset: Offset) -> Result<()> {
+        if offset > self.end_offset {
+            return Err(StorageError::Invalid(format!(
+                "compaction below {offset}, past the log end {}",
+                self.end_offset
+            )));
         }
-        read_log(&self.log, from, until, max_bytes)
+        if offset <= self.start_offset {
+            // Nothing lies wholly below it. (Keys of negative offsets would
+            // also sort after every key: the range below must not see them.)
+            return self.flush();
+        }
+        // Every batch starting at or below `offset` goes, but the one that
+        // holds `offset` when it lies inside the log (the last of them, as
+        // the log is contiguous).
+        let mut removed = Vec::new();
+        for entry in self.log.range(..=offset_key(offset)) {
+            let (key, _) = entry.map_err(sled_error)?;
+            removed.push(key);
+        }
+        let new_start = if offset < self.end_offset {
+            let holder = removed
+                .pop()
+                .ok_or_else(|| corrupt(offset, "no batch holds an offset inside the log"))?;
+            key_offset(&holder).ok_or_else(|| corrupt(offset, "log key is not an offset"))?
+        } else {
+            offset
+        };
+        if let Some(last) = removed.last() {
+            let last_base = key_offset(last).ok_or_else(|| corrupt(offset, "log key is not an offset"))?;
+            let start_epoch = self
+                .epochs
+                .epoch_at(last_base)
+                .ok_or_else(|| corrupt(last_base, "the epoch cache has no epoch for a batch of the log"))?;
+            self.write_log_start(&LogStart {
+                offset: new_start,
+                epoch: start_epoch,
+                reset_pending: false,
+            })?;
+            self.remove_front(removed, new_start)?;
+            self.start_epoch = start_epoch;
+            self.epochs.truncate_front(new_start, self.end_offset);
+            self.check_invariants();
+        }
+        self.flush()
+    }
+
+    /// Writes the new log start marked pending, removes every batch, clears
+    /// the mark, then flushes. Refused below the high watermark hint, like a
+    /// truncation: committed offsets would be lost.
+    fn reset(&mut self, start_offset: Offset, start_epoch: Epoch) -> Result<()> {
+        check_reset(start_offset, start_epoch)?;
+        if start_offset < self.high_watermark_hint {
+            return Err(StorageError::Invalid(format!(
+                "reset of the log to start at {start_offset}, below the high watermark hint {}: \
+                 committed offsets would be lost",
+                self.high_watermark_hint
+            )));
+        }
+        let log_start = LogStart {
+            offset: start_offset,
+            epoch: start_epoch,
+            reset_pending: true,
+        };
+        self.write_log_start(&log_start)?;
+        let mut removed = Vec::new();
+        for entry in self.log.iter() {
+            let (key, _) = entry.map_err(sled_error)?;
+            removed.push(key);
+        }
+        self.remove_front(removed, start_offset)?;
+        self.write_log_start(&LogStart {
+            reset_pending: false,
+            ..log_start
+        })?;
+        self.start_epoch = start_epoch;
+        self.end_offset = start_offset;
+        self.epochs.clear();
+        self.check_invariants();
+        self.flush()
     }
 
     fn start_offset(&self) -> Offset {
         self.start_offset
+    }
+
+    fn start_epoch(&self) -> Epoch {
+        self.start_epoch
     }
 
     fn end_offset(&self) -> Offset {
@@ -415,12 +601,14 @@ impl LogStore for SledStore {
 /// sled has no snapshots and a range scan is not atomic, so a scan racing a
 /// truncation could return batches from before it followed by batches
 /// appended after it: a log that never existed. Reads therefore share a
-/// lock with truncations (never with appends, which only add at the end);
-/// truncations are rare (a follower meeting a diverging epoch), so the
-/// storage thread almost never waits on it.
+/// lock with truncations, compactions and resets (never with appends, which
+/// only add at the end); those are rare (a follower meeting a diverging
+/// epoch, a snapshot), so the storage thread almost never waits on it.
 #[derive(Clone, Debug)]
 pub struct SledReader {
     log: sled::Tree,
+    /// The store's log start (see `SledStore::reader_start`).
+    start: Arc<AtomicI64>,
     truncation_lock: Arc<RwLock<()>>,
 }
 
@@ -430,7 +618,7 @@ impl SledReader {
     pub fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>> {
         // The lock guards no data, so a poisoned one is as good as any.
         let _no_truncation = self.truncation_lock.read().unwrap_or_else(|e| e.into_inner());
-        read_log(&self.log, from, until, max_bytes)
+        read_log(&self.log, self.start.load(Ordering::Acquire), from, until, max_bytes)
     }
 }
 
@@ -493,6 +681,10 @@ struct RecoveredLog {
     end_offset: Offset,
     epochs: EpochCache,
     damaged_tail: Option<DamagedTail>,
+    /// Keys of values left over by a compaction or a reset that a crash
+    /// interrupted: batches wholly below the log start, or every value under
+    /// a pending reset. To be removed.
+    stale: Vec<sled::IVec>,
 }
 
 /// Damaged values at the end of the log, with nothing valid after them.
@@ -505,13 +697,20 @@ struct DamagedTail {
 }
 
 /// Scans the whole log (see the module docs) without changing it.
-fn recover_log(log: &sled::Tree, high_watermark_hint: Offset) -> Result<RecoveredLog> {
-    let mut start_offset = None;
-    let mut end_offset = 0;
+fn recover_log(log: &sled::Tree, log_start: &LogStart, high_watermark_hint: Offset) -> Result<RecoveredLog> {
+    let start_offset = log_start.offset;
+    let mut end_offset = start_offset;
     let mut epochs = EpochCache::default();
     let mut damaged_tail: Option<DamagedTail> = None;
+    let mut stale = Vec::new();
 
     for entry in log.iter() {
+        if log_start.reset_pending {
+            // Everything is left over from before the reset, valid or not.
+            let (key, _) = entry.map_err(sled_error)?;
+            stale.push(key);
+            continue;
+        }
         let (key, value) = entry.map_err(sled_error)?;
         if let Some(tail) = damaged_tail.as_mut() {
             // Past the first damage everything must be damaged too; a valid
@@ -530,25 +729,47 @@ fn recover_log(log: &sled::Tree, high_watermark_hint: Offset) -> Result<Recovere
             continue;
         }
         match decode_batch(&key, &value) {
+            Ok(batch) if batch.next_offset() <= start_offset => {
+                // Wholly below the start: a compaction wrote the start and
+                // crashed before it removed this batch. (Keys sort by
+                // offset, so no batch of the log precedes it.)
+                stale.push(key);
+            }
             Ok(batch) => {
-                if start_offset.is_some() && batch.base_offset != end_offset {
-                    return Err(corrupt(
-                        end_offset,
-                        &format!(
+                let first = epochs.last_epoch().is_none();
+                if batch.base_offset != end_offset {
+                    let reason = if !first {
+                        format!(
                             "the log jumps from offset {end_offset} to a batch at {}",
                             batch.base_offset
-                        ),
+                        )
+                    } else if batch.base_offset > start_offset {
+                        format!(
+                            "the log starts at {start_offset} (its persisted start), but its first batch is at {}: \
+                             batches are missing",
+                            batch.base_offset
+                        )
+                    } else {
+                        format!(
+                            "the batch [{}, {}) straddles the persisted log start {start_offset}",
+                            batch.base_offset,
+                            batch.next_offset()
+                        )
+                    };
+                    return Err(corrupt(end_offset, &reason));
+                }
+                let last = epochs.last_epoch().unwrap_or(log_start.epoch);
+                if batch.epoch < last {
+                    let before = if first {
+                        format!("the log start, in epoch {last}")
+                    } else {
+                        format!("a batch of epoch {last}")
+                    };
+                    return Err(corrupt(
+                        batch.base_offset,
+                        &format!("batch of epoch {} follows {before}", batch.epoch),
                     ));
                 }
-                if let Some(last) = epochs.last_epoch() {
-                    if batch.epoch < last {
-                        return Err(corrupt(
-                            batch.base_offset,
-                            &format!("batch of epoch {} follows a batch of epoch {last}", batch.epoch),
-                        ));
-                    }
-                }
-                start_offset.get_or_insert(batch.base_offset);
                 epochs.on_append(batch.epoch, batch.base_offset);
                 end_offset = batch.next_offset();
             }
@@ -564,10 +785,6 @@ fn recover_log(log: &sled::Tree, high_watermark_hint: Offset) -> Result<Recovere
         }
     }
 
-    // An empty log (nothing valid in it) starts at 0: nothing moves the log
-    // start yet, and a damaged key is no evidence of where it was. Snapshot
-    // support will have to persist the log start instead.
-    let start_offset = start_offset.unwrap_or(0);
     if end_offset < high_watermark_hint {
         return Err(match &damaged_tail {
             Some(tail) => corrupt(
@@ -588,13 +805,20 @@ fn recover_log(log: &sled::Tree, high_watermark_hint: Offset) -> Result<Recovere
         end_offset,
         epochs,
         damaged_tail,
+        stale,
     })
 }
 
 /// The shared read path of [`SledStore`] and [`SledReader`].
-fn read_log(log: &sled::Tree, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>> {
-    if from < 0 {
-        return Err(below_start(from, 0));
+fn read_log(
+    log: &sled::Tree,
+    start_offset: Offset,
+    from: Offset,
+    until: Offset,
+    max_bytes: usize,
+) -> Result<Vec<Batch>> {
+    if from < start_offset {
+        return Err(below_start(from, start_offset));
     }
     if from >= until {
         return Ok(Vec::new());
@@ -888,6 +1112,25 @@ fn load_hw_hint(dir: &Path, meta: &sled::Tree) -> Result<Offset> {
     }
 }
 
+fn load_log_start(dir: &Path, meta: &sled::Tree) -> Result<LogStart> {
+    match meta.get(LOG_START_KEY).map_err(sled_error)? {
+        // A data dir from before compaction: its log starts at 0.
+        None => Ok(LogStart::default()),
+        Some(bytes) => {
+            let log_start: LogStart = decode_bounded(&bytes, SMALL_VALUE_LIMIT)
+                .map_err(|e| damaged_value(dir, META_TREE, &format!("log start does not decode: {e}")))?;
+            if log_start.offset < 0 || log_start.epoch < 0 {
+                return Err(damaged_value(
+                    dir,
+                    META_TREE,
+                    &format!("log start {log_start:?} is negative"),
+                ));
+            }
+            Ok(log_start)
+        }
+    }
+}
+
 /// A damaged value outside the log. The log's own damage has
 /// [`StorageError::Corrupt`]; these have no offset to name.
 fn damaged_value(dir: &Path, tree: &str, what: &str) -> StorageError {
@@ -975,6 +1218,65 @@ mod tests {
         let store = SledStore::open(dir.path(), "c", 1).unwrap();
         assert_eq!((store.start_offset(), store.end_offset()), (0, 0));
         assert!(store.log.is_empty(), "the damaged value was removed");
+    }
+
+    #[test]
+    fn a_reset_interrupted_by_a_crash_is_completed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut store = SledStore::open(dir.path(), "c", 1).unwrap();
+            for base in [0, 2, 4] {
+                store.append(&batch(base, 2)).unwrap();
+            }
+            // As if reset(3, 4) had written its log start and crashed before
+            // it removed a batch: the batch across 3 and the one above it
+            // would otherwise pass for a log.
+            store
+                .write_log_start(&LogStart {
+                    offset: 3,
+                    epoch: 4,
+                    reset_pending: true,
+                })
+                .unwrap();
+            store.flush().unwrap();
+        }
+        let store = SledStore::open(dir.path(), "c", 1).unwrap();
+        assert_eq!(
+            (store.start_offset(), store.start_epoch(), store.end_offset()),
+            (3, 4, 3)
+        );
+        assert!(store.epoch_cache().is_empty());
+        assert!(store.log.is_empty(), "every old batch was removed");
+        assert_eq!(
+            load_log_start(dir.path(), &store.meta).unwrap(),
+            LogStart {
+                offset: 3,
+                epoch: 4,
+                reset_pending: false
+            },
+            "the mark is cleared"
+        );
+    }
+
+    #[test]
+    fn reset_leaves_no_pending_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SledStore::open(dir.path(), "c", 1).unwrap();
+        store.append(&batch(0, 2)).unwrap();
+        store.reset(7, 2).unwrap();
+        assert_eq!(
+            load_log_start(dir.path(), &store.meta).unwrap(),
+            LogStart {
+                offset: 7,
+                epoch: 2,
+                reset_pending: false
+            }
+        );
+        store.append(&Batch::new(7, 2, &[Record::NoOp])).unwrap();
+        store.flush().unwrap();
+        drop(store);
+        let store = SledStore::open(dir.path(), "c", 1).unwrap();
+        assert_eq!((store.start_offset(), store.end_offset()), (7, 8));
     }
 
     /// sled's recovery keeps a prefix of its own log when its data file is

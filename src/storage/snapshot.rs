@@ -576,19 +576,29 @@ impl SnapshotReader {
     /// damaged after `open` yields an error, never a wrong batch; the
     /// iterator ends after the first error.
     pub fn batches(&self) -> Batches<'_> {
+        self.batches_from(BatchCursor {
+            pos: self.layout.data_start,
+            remaining: self.layout.batch_count,
+        })
+    }
+
+    /// The data batches from where an earlier iterator over this reader
+    /// stood ([`Batches::cursor`]), for reads that resume sequentially.
+    pub fn batches_from(&self, cursor: BatchCursor) -> Batches<'_> {
+        let pos = cursor.pos.clamp(self.layout.data_start, self.layout.data_end);
         Batches {
             name: display_name(&self.path),
             input: BufReader::with_capacity(
                 READ_BUFFER_BYTES,
                 PositionedReader {
                     file: &self.file,
-                    pos: self.layout.data_start,
+                    pos,
                     end: self.layout.data_end,
                 },
             ),
-            pos: self.layout.data_start,
+            pos,
             end: self.layout.data_end,
-            remaining: self.layout.batch_count,
+            remaining: if pos == cursor.pos { cursor.remaining } else { 0 },
             frame: Vec::new(),
         }
     }
@@ -622,6 +632,14 @@ impl SnapshotReader {
     }
 }
 
+/// Where a [`Batches`] iterator stands: resume there with
+/// [`SnapshotReader::batches_from`] on the same reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchCursor {
+    pos: u64,
+    remaining: u64,
+}
+
 /// Iterator over the data batches of a [`SnapshotReader`].
 pub struct Batches<'a> {
     name: String,
@@ -645,6 +663,14 @@ impl fmt::Debug for Batches<'_> {
 }
 
 impl Batches<'_> {
+    /// Where the next batch starts.
+    pub fn cursor(&self) -> BatchCursor {
+        BatchCursor {
+            pos: self.pos,
+            remaining: self.remaining,
+        }
+    }
+
     fn read_next(&mut self) -> Result<Batch> {
         let at = self.pos;
         let changed = |what: String| SnapshotError::Corrupt {

@@ -82,8 +82,17 @@ impl LogStore for DiskHandle {
     fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> storage::Result<Vec<Batch>> {
         self.live(|store| store.read(from, until, max_bytes))
     }
+    fn delete_before(&mut self, offset: Offset) -> storage::Result<()> {
+        self.live(|store| store.delete_before(offset))
+    }
+    fn reset(&mut self, start_offset: Offset, start_epoch: Epoch) -> storage::Result<()> {
+        self.live(|store| store.reset(start_offset, start_epoch))
+    }
     fn start_offset(&self) -> Offset {
         self.peek(|store| store.start_offset())
+    }
+    fn start_epoch(&self) -> Epoch {
+        self.peek(|store| store.start_epoch())
     }
     fn end_offset(&self) -> Offset {
         self.peek(|store| store.end_offset())

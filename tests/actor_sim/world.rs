@@ -365,6 +365,7 @@ impl World {
         let custom = CustomNode {
             config: node.config.clone(),
             store: Box::new(node.disk.open()),
+            snapshot_dir: None,
             flush_delay: Duration::from_millis(self.params.flush_delay_ms),
             connect: Box::new(self.net.connector(node.id, node.incarnation)),
             seed,
@@ -394,8 +395,10 @@ impl World {
     }
 
     /// Power loss: the node's unflushed writes are gone, nothing it sends
-    /// arrives, nothing reaches it. The dead incarnation's actors wind down
-    /// on their own (their disk handle fails).
+    /// arrives, nothing reaches it. The dead incarnation's actors are then
+    /// told to shut down; until they have, nothing they do has an effect
+    /// (every call through their disk handle fails, the network drops what
+    /// they send).
     fn crash_node(&mut self, index: usize) {
         let node = &mut self.nodes[index];
         let Some(up) = node.up.take() else { return };

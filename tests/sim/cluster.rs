@@ -1248,7 +1248,12 @@ impl Sim {
         let now = self.now;
         let n = self.node_mut(id);
         let election = n.store.election_state().map_err(|e| storage(id, "election_state", e))?;
-        let view = LogView::new(n.store.start_offset(), 0, n.store.end_offset(), n.store.epoch_cache());
+        let view = LogView::new(
+            n.store.start_offset(),
+            n.store.start_epoch(),
+            n.store.end_offset(),
+            n.store.epoch_cache(),
+        );
         let mut engine = RaftNode::new(n.config.clone(), election.clone(), view, now, seed);
         let actions = engine.take_actions();
         let initial = engine.role();
