@@ -45,6 +45,7 @@ fn randomized_seeds() {
     let started = std::time::Instant::now();
     let mut failures = Vec::new();
     let (mut steps, mut acked, mut crashes, mut committed, mut elections) = (0, 0, 0, 0, 0);
+    let (mut snapshots, mut compacted_starts) = (0, 0);
     for seed in &seeds {
         let (params, report) = run_seed(*seed);
         steps += report.steps;
@@ -52,6 +53,8 @@ fn randomized_seeds() {
         crashes += report.crashes;
         committed += report.committed;
         elections += report.max_epoch;
+        snapshots += report.snapshots;
+        compacted_starts += report.compacted_starts;
         if let Some(failure) = &report.failure {
             failures.push(format!(
                 "seed {seed} ({params:?}): {failure}\n  replay: KRAFT_ACTOR_SIM_SEED={seed} cargo test --test actor_simulation randomized_seeds -- --nocapture"
@@ -59,7 +62,7 @@ fn randomized_seeds() {
         }
     }
     println!(
-        "actor sim: {} seeds in {:.1}s: {steps} steps, {elections} epochs, {crashes} crashes, {acked} acknowledged appends, {committed} committed offsets",
+        "actor sim: {} seeds in {:.1}s: {steps} steps, {elections} epochs, {crashes} crashes, {acked} acknowledged appends, {committed} committed offsets, {snapshots} snapshots on request, {compacted_starts} restarts above offset 0",
         seeds.len(),
         started.elapsed().as_secs_f64()
     );

@@ -187,12 +187,13 @@ impl Handler<SendRequest> for RequestManager {
     }
 }
 
-/// Delivers one outcome; a closed mailbox means the node is going down, and
-/// is reported, not swallowed.
+/// Delivers one outcome. A closed mailbox means the node is going down (the
+/// QuorumState actor stops before the request managers do): nothing is left
+/// to tell, so it is only noted.
 async fn deliver(recipient: &Recipient<RequestOutcome>, outcome: RequestOutcome) {
     let (from, correlation_id) = (outcome.from, outcome.correlation_id);
     if let Err(e) = recipient.send(outcome).await {
-        error!(from, correlation_id, error = %e, "cannot deliver a request outcome: mailbox closed");
+        debug!(from, correlation_id, error = %e, "request outcome dropped: its actor has stopped");
     }
 }
 

@@ -1,7 +1,10 @@
 //! Each node's disk: a [`MemoryStore`] that outlives the node's
-//! incarnations. A crash loses what was not flushed and kills the old
-//! incarnation's handle — every later call through it fails — as a process
-//! that dies takes its file descriptors with it.
+//! incarnations, plus a real directory for its snapshot files. A crash
+//! loses what was not flushed and kills the old incarnation's handle —
+//! every later call through it fails — as a process that dies takes its
+//! file descriptors with it. Snapshot files are fsynced before they are
+//! renamed into place, so a crash keeps them (a partial one is removed at
+//! the next start).
 
 use std::sync::{Arc, Mutex};
 
@@ -17,14 +20,22 @@ struct DiskState {
 }
 
 #[derive(Clone)]
-pub struct Disk(Arc<Mutex<DiskState>>);
+pub struct Disk(Arc<Mutex<DiskState>>, Arc<tempfile::TempDir>);
 
 impl Disk {
     pub fn new() -> Self {
-        Disk(Arc::new(Mutex::new(DiskState {
+        let state = DiskState {
             store: MemoryStore::new(),
             generation: 0,
-        })))
+        };
+        Disk(
+            Arc::new(Mutex::new(state)),
+            Arc::new(tempfile::tempdir().expect("a snapshot dir")),
+        )
+    }
+
+    pub fn snapshot_dir(&self) -> std::path::PathBuf {
+        self.1.path().to_path_buf()
     }
 
     /// The store as a new incarnation sees it.

@@ -47,6 +47,8 @@ pub struct Params {
     pub partition: f64,
     pub heal: f64,
     pub client: f64,
+    /// Chance per step that a random node is asked for a snapshot.
+    pub snapshot: f64,
     pub flush_delay_ms: u64,
     pub chaos_ms: u64,
 }
@@ -68,6 +70,7 @@ impl Params {
             partition: [0.0, 0.003, 0.01][rng.gen_range(0..3)],
             heal: 0.01,
             client: [0.1, 0.5, 0.9][rng.gen_range(0..3)],
+            snapshot: [0.0, 0.002, 0.01][rng.gen_range(0..3)],
             flush_delay_ms: rng.gen_range(0..=4),
             chaos_ms: 10_000,
         }
@@ -85,6 +88,9 @@ pub struct Report {
     pub acked: u64,
     pub append_errors: u64,
     pub committed: u64,
+    pub snapshots: u64,
+    /// Node starts whose log began above offset 0 (compacted or installed).
+    pub compacted_starts: u64,
     pub sent: u64,
     pub lost: u64,
     pub failure: Option<String>,
@@ -123,6 +129,8 @@ struct Checker {
     leaders: BTreeMap<Epoch, NodeId>,
     acked: Vec<(Appended, Vec<u8>)>,
     append_errors: u64,
+    /// Snapshots written on request.
+    snapshots: u64,
     failure: Option<String>,
     hash: u64,
 }
@@ -292,6 +300,7 @@ struct World {
     client_in_flight: Rc<Cell<usize>>,
     next_value: u64,
     crashes: u64,
+    compacted_starts: u64,
     steps: u64,
 }
 
@@ -309,6 +318,11 @@ pub fn node_config(id: NodeId, voters: &BTreeMap<NodeId, String>, observer: bool
     config.quorum.retry_backoff_ms = 10;
     config.quorum.election_backoff_max_ms = 150;
     config.metadata.max_idle_interval_ms = 100;
+    // Snapshots on demand (random steps) and now and then on their own; the
+    // cleaner compacts as soon as it can, so lagging nodes must fetch them.
+    config.snapshot.max_bytes_between = 64 * 1024;
+    config.log.retention_bytes = 1;
+    config.log.cleaner_interval_ms = 200;
     config
 }
 
@@ -344,12 +358,14 @@ impl World {
                 leaders: BTreeMap::new(),
                 acked: Vec::new(),
                 append_errors: 0,
+                snapshots: 0,
                 failure: None,
                 hash: 0xcbf2_9ce4_8422_2325,
             })),
             client_in_flight: Rc::new(Cell::new(0)),
             next_value: 0,
             crashes: 0,
+            compacted_starts: 0,
             steps: 0,
         }
     }
@@ -365,7 +381,7 @@ impl World {
         let custom = CustomNode {
             config: node.config.clone(),
             store: Box::new(node.disk.open()),
-            snapshot_dir: None,
+            snapshot_dir: Some(node.disk.snapshot_dir()),
             flush_delay: Duration::from_millis(self.params.flush_delay_ms),
             connect: Box::new(self.net.connector(node.id, node.incarnation)),
             seed,
@@ -388,6 +404,9 @@ impl World {
             .register_listener(listener)
             .await
             .expect("a new node takes a listener");
+        if handle.describe().await.is_ok_and(|s| s.log_start_offset > 0) {
+            self.compacted_starts += 1;
+        }
         self.checker
             .borrow_mut()
             .trace(&format!("start {} {}", node.id, node.incarnation));
@@ -490,6 +509,17 @@ impl World {
         }
         if self.rng.gen_bool(self.params.heal) {
             self.net.heal();
+        }
+        if self.rng.gen_bool(self.params.snapshot) {
+            if let Some(index) = self.pick(true) {
+                let handle = self.nodes[index].up.as_ref().unwrap().handle.clone();
+                let checker = self.checker.clone();
+                actix_rt::spawn(async move {
+                    if let Ok(info) = handle.create_snapshot().await {
+                        checker.borrow_mut().snapshots += u64::from(info.created);
+                    }
+                });
+            }
         }
         if self.steps.is_multiple_of(4) {
             self.poll_roles().await;
@@ -607,6 +637,8 @@ impl World {
             acked: checker.acked.len() as u64,
             append_errors: checker.append_errors,
             committed: checker.committed.len() as u64,
+            snapshots: checker.snapshots,
+            compacted_starts: self.compacted_starts,
             sent,
             lost,
             failure: checker.failure.clone(),

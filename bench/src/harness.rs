@@ -1,0 +1,492 @@
+//! The `cluster` command: the machine's limits, then for each concurrency
+//! level a fresh 3-node cluster of each system driven by the closed loop,
+//! then the tables, the ratios, the results JSON and the chart.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::disk::{self, MachineLimits};
+use crate::etcd::{self, EtcdCluster, PutClient};
+use crate::kraft_cluster::{self, AppendClient, KraftCluster};
+use crate::load::{self, LoadResult, Window};
+use crate::plot;
+use crate::zookeeper::{self, SetDataClient, ZkEnsemble};
+
+/// The fdatasync probe before each point runs this long at most.
+const POINT_PROBE: Duration = Duration::from_millis(500);
+
+pub struct ClusterOptions {
+    pub peers: bool,
+    pub window: Window,
+    pub concurrency: Vec<usize>,
+    pub runs: usize,
+    pub kraft_bin: Option<PathBuf>,
+    pub repo_root: PathBuf,
+    pub out: PathBuf,
+    pub data_root: PathBuf,
+    pub value_bytes: usize,
+    pub probe: Duration,
+    pub client_threads: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum System {
+    #[serde(rename = "kraft")]
+    Kraft,
+    #[serde(rename = "etcd")]
+    Etcd,
+    #[serde(rename = "ZooKeeper")]
+    ZooKeeper,
+}
+
+impl System {
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Kraft => "kraft",
+            System::Etcd => "etcd",
+            System::ZooKeeper => "ZooKeeper",
+        }
+    }
+}
+
+/// What the systems are started from.
+struct Installed {
+    kraft: PathBuf,
+    etcd: Option<PathBuf>,
+    zookeeper: Option<zookeeper::Installation>,
+}
+
+/// One measured point.
+#[derive(Serialize, Deserialize)]
+pub struct PointRecord {
+    pub system: System,
+    pub concurrency: usize,
+    pub run: usize,
+    /// Where the writes went.
+    pub leader: Option<String>,
+    /// fdatasync p50 of one-at-a-time 100-byte writes to a preallocated
+    /// file with the CPUs busy, probed just before the cluster started (this
+    /// disk's latency changes over time).
+    pub fdatasync_p50_ms_before: Option<f64>,
+    pub result: Option<LoadResult>,
+    pub error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    kind: &'static str,
+    started_unix: u64,
+    machine: Machine,
+    settings: Settings<'a>,
+    limits: &'a MachineLimits,
+    kraft_c1_p50_over_floor: Option<f64>,
+    points: &'a [PointRecord],
+    ratios: Vec<Ratio>,
+}
+
+#[derive(Serialize)]
+pub struct Machine {
+    pub nproc: usize,
+    pub kernel: String,
+    pub data_filesystem: String,
+}
+
+impl Machine {
+    pub fn here(data_root: &Path) -> Machine {
+        Machine {
+            nproc: std::thread::available_parallelism().map_or(0, usize::from),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+            data_filesystem: crate::procs::filesystem_of(data_root),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Settings<'a> {
+    systems: Vec<&'static str>,
+    concurrency: &'a [usize],
+    runs: usize,
+    warmup_secs: f64,
+    duration_secs: f64,
+    value_bytes: usize,
+    client_threads: usize,
+    cluster_per_point: &'static str,
+    kraft_bin: String,
+}
+
+/// kraft over a peer at one concurrency level (medians over the runs).
+#[derive(Serialize)]
+struct Ratio {
+    peer: System,
+    concurrency: usize,
+    ops_per_sec: Option<f64>,
+    p99: Option<f64>,
+}
+
+pub async fn run(options: ClusterOptions) -> Result<()> {
+    let machine = Machine::here(&options.data_root);
+    println!(
+        "kraft-bench cluster: {} cores, kernel {}, data on {}",
+        machine.nproc, machine.kernel, machine.data_filesystem
+    );
+    let installed = Installed {
+        kraft: kraft_cluster::locate_or_build(options.kraft_bin.as_deref(), &options.repo_root)?,
+        etcd: options.peers.then(etcd::locate).transpose()?,
+        zookeeper: options.peers.then(zookeeper::locate).transpose()?,
+    };
+    let mut systems = vec![System::Kraft];
+    if options.peers {
+        systems.extend([System::Etcd, System::ZooKeeper]);
+    }
+    std::fs::create_dir_all(&options.out)
+        .with_context(|| format!("cannot create the results directory {}", options.out.display()))?;
+    let started_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+
+    let data_root = options.data_root.clone();
+    let probe = options.probe;
+    let value_bytes = options.value_bytes;
+    let limits = tokio::task::spawn_blocking(move || disk::measure(&data_root, value_bytes, probe))
+        .await
+        .context("the disk probe task failed")??;
+    limits.print(&options.data_root);
+    println!();
+    println!(
+        "== closed loop: {} (a fresh 3-node cluster per system and concurrency level), {}-byte values, warm-up {:?}, measured {:?}, {} run(s), {} client thread(s)",
+        systems.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "),
+        options.value_bytes,
+        options.window.warmup,
+        options.window.measure,
+        options.runs,
+        options.client_threads,
+    );
+    print_header();
+
+    let mut points = Vec::new();
+    for run in 1..=options.runs {
+        for &concurrency in &options.concurrency {
+            for &system in &systems {
+                let point = measure_point(system, concurrency, run, &installed, &options).await;
+                print_point(&point);
+                points.push(point);
+            }
+        }
+    }
+
+    println!();
+    println!("== summary (median over runs)");
+    print_header();
+    for &system in &systems {
+        for &concurrency in &options.concurrency {
+            if let Some(point) = median(&points, system, concurrency) {
+                print_row(
+                    system,
+                    concurrency,
+                    point.result.as_ref().expect("median has a result"),
+                    point.fdatasync_p50_ms_before,
+                );
+            }
+        }
+    }
+    let kraft_c1 = median(&points, System::Kraft, 1);
+    let over_floor = kraft_c1.map(|p| result_of(p).latency_ms.p50 / limits.c1_floor_ms);
+    if let (Some(point), Some(ratio)) = (kraft_c1, over_floor) {
+        let p50 = result_of(point).latency_ms.p50;
+        println!(
+            "\nkraft C=1 p50 {p50:.3} ms = {ratio:.2} x the physical floor ({:.3} ms, from the probe at the start)",
+            limits.c1_floor_ms
+        );
+        if let Some(fsync) = point.fdatasync_p50_ms_before {
+            let floor = 2.0 * fsync + 2.0 * limits.rtt_p50_ms;
+            println!(
+                "kraft C=1 p50 {p50:.3} ms = {:.2} x the floor from the fdatasync probe just before that point (2 x {fsync:.3} + 2 x {:.3} = {floor:.3} ms)",
+                p50 / floor,
+                limits.rtt_p50_ms
+            );
+        }
+    }
+    let ratios = ratios(&points, &systems, &options.concurrency);
+    print_ratios(&ratios);
+
+    let stem = format!("cluster-{started_unix}");
+    let json_path = options.out.join(format!("{stem}.json"));
+    let svg_path = options.out.join(format!("{stem}.svg"));
+    let report = Report {
+        kind: "cluster",
+        started_unix,
+        machine,
+        settings: Settings {
+            systems: systems.iter().map(|s| s.name()).collect(),
+            concurrency: &options.concurrency,
+            runs: options.runs,
+            warmup_secs: options.window.warmup.as_secs_f64(),
+            duration_secs: options.window.measure.as_secs_f64(),
+            value_bytes: options.value_bytes,
+            client_threads: options.client_threads,
+            cluster_per_point: "a fresh cluster per system, concurrency level and run",
+            kraft_bin: installed.kraft.display().to_string(),
+        },
+        limits: &limits,
+        kraft_c1_p50_over_floor: over_floor,
+        points: &points,
+        ratios,
+    };
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    let title = chart_title(options.value_bytes, report.machine.nproc);
+    let series = chart_series(&points, &systems, &options.concurrency);
+    match plot::latency_vs_throughput(&svg_path, &title, &series) {
+        Ok(()) => println!("\nresults: {}\nchart:   {}", json_path.display(), svg_path.display()),
+        Err(e) => println!("\nresults: {}\nchart not written: {e:#}", json_path.display()),
+    }
+    Ok(())
+}
+
+fn chart_title(value_bytes: usize, nproc: usize) -> String {
+    format!("3-node clusters on 127.0.0.1, {value_bytes}-byte writes, closed loop ({nproc} cores)")
+}
+
+/// Per system, the median run of each concurrency level.
+fn chart_series(points: &[PointRecord], systems: &[System], levels: &[usize]) -> Vec<plot::Series> {
+    systems
+        .iter()
+        .map(|&system| plot::Series {
+            system: system.name().to_string(),
+            points: levels
+                .iter()
+                .filter_map(|&c| {
+                    median_result(points, system, c).map(|r| plot::Point {
+                        concurrency: c,
+                        ops_per_sec: r.ops_per_sec,
+                        p50_ms: r.latency_ms.p50,
+                        p99_ms: r.latency_ms.p99,
+                    })
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The `plot` command: the chart of a results JSON written by `cluster`,
+/// next to it (same name, `.svg`).
+pub fn replot(json_path: &Path) -> Result<PathBuf> {
+    #[derive(Deserialize)]
+    struct Saved {
+        machine: SavedMachine,
+        settings: SavedSettings,
+        points: Vec<PointRecord>,
+    }
+    #[derive(Deserialize)]
+    struct SavedMachine {
+        nproc: usize,
+    }
+    #[derive(Deserialize)]
+    struct SavedSettings {
+        concurrency: Vec<usize>,
+        value_bytes: usize,
+    }
+    let text = std::fs::read_to_string(json_path).with_context(|| format!("cannot read {}", json_path.display()))?;
+    let saved: Saved = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a cluster results file", json_path.display()))?;
+    let mut systems: Vec<System> = Vec::new();
+    for point in &saved.points {
+        if !systems.contains(&point.system) {
+            systems.push(point.system);
+        }
+    }
+    let svg_path = json_path.with_extension("svg");
+    let series = chart_series(&saved.points, &systems, &saved.settings.concurrency);
+    plot::latency_vs_throughput(
+        &svg_path,
+        &chart_title(saved.settings.value_bytes, saved.machine.nproc),
+        &series,
+    )?;
+    Ok(svg_path)
+}
+
+/// Starts a fresh cluster of `system`, finds its leader, runs the closed
+/// loop with `concurrency` clients, stops the cluster.
+async fn measure_point(
+    system: System,
+    concurrency: usize,
+    run: usize,
+    installed: &Installed,
+    options: &ClusterOptions,
+) -> PointRecord {
+    let mut leader = None;
+    let root = options.data_root.clone();
+    let probe = options.probe.min(POINT_PROBE);
+    let fdatasync_p50_ms_before = tokio::task::spawn_blocking(move || {
+        disk::synced_appends(&root, 100, 1, disk::FileMode::Preallocated, disk::Cpus::Busy, probe)
+    })
+    .await
+    .ok()
+    .and_then(|r| r.ok())
+    .map(|r| r.sync_latency_ms.p50);
+    let outcome = async {
+        let window = options.window;
+        let values = options.value_bytes;
+        let root = &options.data_root;
+        match system {
+            System::Kraft => {
+                let mut cluster = KraftCluster::start(&installed.kraft, root)?;
+                let addr: SocketAddr = cluster.wait_for_leader().await?;
+                leader = Some(format!("http://{addr} (GET /v1/quorum: role leader, agreed by all 3)"));
+                let clients = (0..concurrency).map(|i| AppendClient::new(addr, i, values)).collect();
+                Ok(load::run(clients, window, &cluster.pids()).await)
+            }
+            System::Etcd => {
+                let bin = installed.etcd.as_ref().context("etcd not located")?;
+                let mut cluster = EtcdCluster::start(bin, root)?;
+                let endpoint = cluster.wait_for_leader().await?;
+                leader = Some(format!("{endpoint} (maintenance Status: leader member id)"));
+                let mut clients = Vec::with_capacity(concurrency);
+                for i in 0..concurrency {
+                    clients.push(PutClient::connect(&endpoint, i, values).await?);
+                }
+                Ok(load::run(clients, window, &cluster.pids()).await)
+            }
+            System::ZooKeeper => {
+                let installation = installed.zookeeper.as_ref().context("ZooKeeper not located")?;
+                let mut ensemble = ZkEnsemble::start(installation, root)?;
+                let addr = ensemble.wait_for_leader().await?;
+                leader = Some(format!("{addr} (srvr: Mode leader)"));
+                zookeeper::create_znodes(addr, concurrency, values).await?;
+                let mut clients = Vec::with_capacity(concurrency);
+                for i in 0..concurrency {
+                    clients.push(SetDataClient::connect(addr, i, values).await?);
+                }
+                Ok(load::run(clients, window, &ensemble.pids()).await)
+            }
+        }
+    }
+    .await;
+    let (result, error) = match outcome {
+        Ok(result) => (Some(result), None),
+        Err(e) => {
+            let e: anyhow::Error = e;
+            (None, Some(format!("{e:#}")))
+        }
+    };
+    PointRecord {
+        system,
+        concurrency,
+        run,
+        leader,
+        fdatasync_p50_ms_before,
+        result,
+        error,
+    }
+}
+
+fn print_header() {
+    println!(
+        "{:<10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>11} {:>11} {:>10}",
+        "system",
+        "C",
+        "ops/s",
+        "p50 ms",
+        "p99 ms",
+        "p999 ms",
+        "max ms",
+        "errors",
+        "server CPU",
+        "client CPU",
+        "fsync p50"
+    );
+}
+
+fn print_row(system: System, concurrency: usize, r: &LoadResult, fsync_ms: Option<f64>) {
+    println!(
+        "{:<10} {:>5} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>9.1} {:>7} {:>11} {:>11} {:>10}",
+        system.name(),
+        concurrency,
+        r.ops_per_sec,
+        r.latency_ms.p50,
+        r.latency_ms.p99,
+        r.latency_ms.p999,
+        r.latency_ms.max,
+        r.errors,
+        format!("{:.2} cores", r.server_cpu_cores),
+        format!("{:.2} cores", r.client_cpu_cores),
+        fsync_ms.map_or("-".to_string(), |ms| format!("{ms:.3} ms")),
+    );
+}
+
+fn print_point(point: &PointRecord) {
+    match (&point.result, &point.error) {
+        (Some(r), _) => {
+            print_row(point.system, point.concurrency, r, point.fdatasync_p50_ms_before);
+            for (message, count) in &r.error_samples {
+                println!("{:>17} error x{count}: {message}", "");
+            }
+        }
+        (None, Some(e)) => println!("{:<10} {:>5}  FAILED: {e}", point.system.name(), point.concurrency),
+        (None, None) => {}
+    }
+}
+
+/// The run with the median ops/s among the successful runs of one point.
+fn median(points: &[PointRecord], system: System, concurrency: usize) -> Option<&PointRecord> {
+    let mut runs: Vec<&PointRecord> = points
+        .iter()
+        .filter(|p| p.system == system && p.concurrency == concurrency && p.result.is_some())
+        .collect();
+    runs.sort_by(|a, b| result_of(a).ops_per_sec.total_cmp(&result_of(b).ops_per_sec));
+    runs.get(runs.len().saturating_sub(1) / 2).copied()
+}
+
+fn median_result(points: &[PointRecord], system: System, concurrency: usize) -> Option<&LoadResult> {
+    median(points, system, concurrency).map(result_of)
+}
+
+fn result_of(point: &PointRecord) -> &LoadResult {
+    point.result.as_ref().expect("filtered on results")
+}
+
+fn ratios(points: &[PointRecord], systems: &[System], levels: &[usize]) -> Vec<Ratio> {
+    let mut ratios = Vec::new();
+    for &peer in systems.iter().filter(|s| **s != System::Kraft) {
+        for &c in levels {
+            let kraft = median_result(points, System::Kraft, c);
+            let other = median_result(points, peer, c);
+            let ratio = |f: fn(&LoadResult) -> f64| match (kraft, other) {
+                (Some(k), Some(o)) if f(o) > 0.0 => Some(f(k) / f(o)),
+                _ => None,
+            };
+            ratios.push(Ratio {
+                peer,
+                concurrency: c,
+                ops_per_sec: ratio(|r| r.ops_per_sec),
+                p99: ratio(|r| r.latency_ms.p99),
+            });
+        }
+    }
+    ratios
+}
+
+fn print_ratios(ratios: &[Ratio]) {
+    if ratios.is_empty() {
+        return;
+    }
+    println!("\n== kraft / peer, point by point (ops/s: above 1 = kraft faster; p99: below 1 = kraft lower)");
+    println!("{:<16} {:>5} {:>12} {:>12}", "", "C", "ops/s ratio", "p99 ratio");
+    let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    for r in ratios {
+        println!(
+            "{:<16} {:>5} {:>12} {:>12}",
+            format!("kraft/{}", r.peer.name()),
+            r.concurrency,
+            show(r.ops_per_sec),
+            show(r.p99)
+        );
+    }
+}

@@ -1,0 +1,260 @@
+//! kraft-bench: the benchmark harness for kraft (see bench/README.md).
+//!
+//! - `cluster`: a closed-loop load of C clients against a 3-node kraft
+//!   cluster of real processes on 127.0.0.1 (and with `--peers` the same
+//!   against etcd and ZooKeeper), with the machine's own limits measured in
+//!   the same run; prints the tables and writes a results JSON and an SVG
+//!   chart.
+//! - `embedded`: a 3-node kraft cluster inside this process, appends
+//!   through `NodeHandle::append` with many in flight.
+//! - `limits`: only the machine's limits (fdatasync, loopback round trip).
+//! - `plot`: redraws the chart of a `cluster` results JSON.
+
+mod disk;
+mod embedded;
+mod etcd;
+mod harness;
+mod http;
+mod kraft_cluster;
+mod load;
+mod plot;
+mod procs;
+mod zookeeper;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "kraft-bench",
+    about = "Benchmarks for kraft: clusters on 127.0.0.1, the embedded API, the machine's limits"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Closed-loop load on a 3-node kraft cluster of real processes (and on etcd and ZooKeeper with --peers).
+    Cluster(ClusterArgs),
+    /// A 3-node kraft cluster in this process, appends through NodeHandle::append with many in flight.
+    Embedded(EmbeddedArgs),
+    /// Only the machine's limits: fdatasync'd appends and the loopback TCP round trip.
+    Limits(CommonArgs),
+    /// Redraws the chart of a results JSON written by `cluster` (next to it, .svg).
+    Plot {
+        /// A cluster-<time>.json file.
+        results: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct CommonArgs {
+    /// Where the data directories (and the disk probe's file) go; fresh temp directories are made inside.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    data_root: PathBuf,
+    /// Results directory (JSON, SVG).
+    #[arg(long, default_value_os_t = default_out())]
+    out: PathBuf,
+    /// Seconds each disk and loopback probe runs.
+    #[arg(long, default_value_t = 2.0)]
+    probe_secs: f64,
+    /// Leave the clusters' data directories and server logs in place (their paths are printed).
+    #[arg(long)]
+    keep_data: bool,
+}
+
+#[derive(Args)]
+struct ClusterArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Also benchmark a 3-member etcd cluster and a 3-server ZooKeeper ensemble (scripts/install-bench-peers.sh).
+    #[arg(long)]
+    peers: bool,
+    /// Measured seconds per point.
+    #[arg(long, default_value_t = 15.0)]
+    duration_secs: f64,
+    /// Warm-up seconds per point (not measured).
+    #[arg(long, default_value_t = 3.0)]
+    warmup_secs: f64,
+    /// Concurrency levels: closed-loop clients, each with its own connection.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
+    concurrency: Vec<usize>,
+    /// Repetitions of every point (the summary and chart use the median run).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// A kraft release binary; by default `cargo build --release --locked --bin kraft` runs in the repository.
+    #[arg(long)]
+    kraft_bin: Option<PathBuf>,
+    /// Bytes of each written value.
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// Threads of the load generator's runtime.
+    #[arg(long, default_value_t = 2)]
+    client_threads: usize,
+}
+
+#[derive(Args)]
+struct EmbeddedArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Measured seconds per record size.
+    #[arg(long, default_value_t = 10.0)]
+    duration_secs: f64,
+    /// Warm-up seconds per record size.
+    #[arg(long, default_value_t = 2.0)]
+    warmup_secs: f64,
+    /// Appends in flight on the leader.
+    #[arg(long, default_value_t = 1024)]
+    in_flight: usize,
+    /// Records in each append.
+    #[arg(long, default_value_t = 1)]
+    records_per_append: usize,
+    /// Record sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "100,1024")]
+    record_bytes: Vec<usize>,
+    /// Run all three nodes and the load on one arbiter (one thread) instead of one arbiter per node.
+    #[arg(long)]
+    shared_arbiter: bool,
+}
+
+fn default_out() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results")
+}
+
+fn secs(value: f64, what: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| anyhow::anyhow!("--{what} {value}: not a duration in seconds"))
+}
+
+fn window(warmup: f64, measure: f64) -> anyhow::Result<load::Window> {
+    let window = load::Window {
+        warmup: secs(warmup, "warmup-secs")?,
+        measure: secs(measure, "duration-secs")?,
+    };
+    anyhow::ensure!(!window.measure.is_zero(), "--duration-secs must be above 0");
+    Ok(window)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let keep_data = match &cli.command {
+        Command::Cluster(args) => args.common.keep_data,
+        Command::Embedded(args) => args.common.keep_data,
+        Command::Limits(args) => args.keep_data,
+        Command::Plot { .. } => false,
+    };
+    procs::keep_data(keep_data);
+    let outcome = match cli.command {
+        Command::Cluster(args) => cluster(args),
+        Command::Embedded(args) => embedded(args),
+        Command::Limits(args) => limits(args),
+        Command::Plot { results } => harness::replot(&results).map(|svg| println!("chart: {}", svg.display())),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kraft-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.concurrency.is_empty() && args.concurrency.iter().all(|c| *c > 0),
+        "--concurrency needs levels above 0"
+    );
+    anyhow::ensure!(args.runs > 0, "--runs must be above 0");
+    let options = harness::ClusterOptions {
+        peers: args.peers,
+        window: window(args.warmup_secs, args.duration_secs)?,
+        concurrency: args.concurrency,
+        runs: args.runs,
+        kraft_bin: args.kraft_bin,
+        repo_root: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("bench/ has a parent")
+            .to_path_buf(),
+        out: args.common.out,
+        data_root: args.common.data_root,
+        value_bytes: args.value_bytes,
+        probe: secs(args.common.probe_secs, "probe-secs")?,
+        client_threads: args.client_threads.max(1),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(options.client_threads)
+        .enable_all()
+        .build()?;
+    // The servers are started from this (main) thread inside block_on; see
+    // ProcessGuard::spawn. On Ctrl-C the benchmark future is dropped, and
+    // with it every cluster guard, which stops the servers.
+    runtime.block_on(async {
+        tokio::select! {
+            outcome = harness::run(options) => outcome,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("kraft-bench: interrupted; stopping the servers");
+                Err(anyhow::anyhow!("interrupted"))
+            }
+        }
+    })
+}
+
+fn embedded(args: EmbeddedArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.in_flight > 0, "--in-flight must be above 0");
+    anyhow::ensure!(args.records_per_append > 0, "--records-per-append must be above 0");
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+    let options = embedded::EmbeddedOptions {
+        window: window(args.warmup_secs, args.duration_secs)?,
+        in_flight: args.in_flight,
+        records_per_append: args.records_per_append,
+        record_sizes: args.record_bytes,
+        shared_arbiter: args.shared_arbiter,
+        out: args.common.out,
+        data_root: args.common.data_root,
+        probe: secs(args.common.probe_secs, "probe-secs")?,
+    };
+    actix_rt::System::new().block_on(async {
+        tokio::select! {
+            outcome = embedded::run(options) => outcome,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        }
+    })
+}
+
+fn limits(args: CommonArgs) -> anyhow::Result<()> {
+    let limits = disk::measure(&args.data_root, 100, secs(args.probe_secs, "probe-secs")?)?;
+    limits.print(&args.data_root);
+    for (cpus, mode) in [disk::Cpus::Idle, disk::Cpus::Busy]
+        .into_iter()
+        .flat_map(|cpus| disk::MODES.map(|mode| (cpus, mode)))
+    {
+        let grouped_1k = disk::synced_appends(
+            &args.data_root,
+            1024,
+            64,
+            mode,
+            cpus,
+            secs(args.probe_secs, "probe-secs")?,
+        )?;
+        println!(
+            "{}: 1024-byte records, one fdatasync per 64 ({:<17}): {:.1} MB/s ({:.0} records/s)",
+            cpus.name(),
+            mode.name(),
+            grouped_1k.mb_per_sec,
+            grouped_1k.records_per_sec
+        );
+    }
+    Ok(())
+}
