@@ -522,14 +522,21 @@ fn recover_snapshots(dir: &Path, store: &mut dyn LogStore) -> Result<Vec<(Snapsh
         );
         store.reset(id.end_offset, id.epoch)?;
     }
+    // Older snapshots that end below the log start were superseded (a
+    // compaction or an install that stopped before deleting them): the
+    // earliest snapshot never ends below the log start.
+    let start = store.start_offset();
     let mut held = vec![(id, newest.size_bytes())];
-    let older = snapshot::list(dir).map_err(snapshot_error)?;
-    held.extend(
-        older
-            .into_iter()
-            .filter(|o| o.end_offset < id.end_offset)
-            .map(|o| (o, 0)),
-    );
+    for older in snapshot::list(dir).map_err(snapshot_error)? {
+        if older.end_offset >= id.end_offset {
+            continue;
+        }
+        if older.end_offset < start {
+            snapshot::delete(dir, older).map_err(snapshot_error)?;
+        } else {
+            held.push((older, 0));
+        }
+    }
     Ok(held)
 }
 

@@ -306,6 +306,21 @@ impl SnapshotFiles {
         Ok(meta)
     }
 
+    /// Deletes every snapshot file that ends before `id` (failures are
+    /// only logged: a leftover file is harmless and deleted next time).
+    fn delete_older_than(&mut self, id: SnapshotId) {
+        let Ok(dir) = self.dir() else { return };
+        let older = match snapshot::list(dir) {
+            Ok(ids) => ids.into_iter().filter(|o| o.end_offset < id.end_offset),
+            Err(e) => return warn!("cannot list the snapshots: {e}"),
+        };
+        for old in older.collect::<Vec<_>>() {
+            if let Err(e) = snapshot::delete(dir, old) {
+                warn!("cannot delete snapshot {old:?}: {e}");
+            }
+        }
+    }
+
     fn use_latest(&mut self, id: SnapshotId) {
         self.latest = Some(id);
         self.below = None;
@@ -788,6 +803,8 @@ impl StorageThread {
                 } => self.snapshots.write_chunk(id, size, position, &bytes),
                 Command::InstallSnapshot { id, reply } => match self.snapshots.finish_install(id) {
                     Ok(meta) => {
+                        // Older snapshots end below the new log start.
+                        self.snapshots.delete_older_than(id);
                         // The snapshot is durable; now the log restarts at its end.
                         check(&self.events, self.store.reset(id.end_offset, id.epoch), || {
                             format!("reset of the log to snapshot {id:?}")

@@ -646,22 +646,24 @@ impl QuorumState {
         Some(rx)
     }
 
-    /// Runs the cleaner's decision: the engine's log start moves first (so
-    /// nothing below it is read again), then the store deletes the log
-    /// below it and the older snapshot files.
+    /// Runs the cleaner's decision. The engine's log start moves first (so
+    /// nothing below it is read again); on disk the older snapshot files go
+    /// before the log below the newest one, so that the earliest snapshot
+    /// never ends below the log start (Kafka's invariant).
     fn maybe_compact(&mut self, now: u64, ctx: &mut Context<Self>) {
         if self.snapshotting {
             return;
         }
-        let log = self.node.log();
-        let Some(compaction) = self.snapshots.compaction(now, log.start_offset()) else {
+        let log_start = self.node.log().start_offset();
+        let compactable_end = self.snapshot_end();
+        let Some(compaction) = self.snapshots.compaction(now, log_start, compactable_end) else {
             return;
         };
+        for id in compaction.delete {
+            let _ = self.appender.delete_snapshot(id);
+        }
         let start = compaction.start;
-        let movable = start.end_offset > log.start_offset()
-            && start.end_offset <= log.flushed_end()
-            && start.end_offset <= self.executed_high_watermark;
-        if movable {
+        if start.end_offset > log_start {
             info!(
                 log_start_offset = start.end_offset,
                 "compacting the log below the newest snapshot"
@@ -670,9 +672,6 @@ impl QuorumState {
             if let Err(e) = self.appender.delete_before(start.end_offset) {
                 return self.fatal(ctx, format!("cannot queue a compaction: {e}"));
             }
-        }
-        for id in compaction.delete {
-            let _ = self.appender.delete_snapshot(id);
         }
         self.drive(ctx);
     }

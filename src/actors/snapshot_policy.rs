@@ -103,7 +103,9 @@ impl SnapshotPolicy {
     /// its oldest part is older than `retention_ms`, compact it up to the
     /// newest snapshot and delete the older snapshots. The size is read off
     /// the snapshots themselves (each holds every record below its end).
-    pub fn compaction(&mut self, now_ms: u64, log_start: Offset) -> Option<Compaction> {
+    /// Nothing is decided while the newest snapshot ends past
+    /// `compactable_end` (what is committed and flushed here).
+    pub fn compaction(&mut self, now_ms: u64, log_start: Offset, compactable_end: Offset) -> Option<Compaction> {
         if now_ms < self.next_clean_ms {
             return None;
         }
@@ -111,6 +113,9 @@ impl SnapshotPolicy {
         let newest = *self.held.last()?;
         if newest.id.end_offset <= log_start {
             return self.stale_files(newest);
+        }
+        if newest.id.end_offset > compactable_end {
+            return None;
         }
         let at_start = self.held.iter().find(|h| h.id.end_offset == log_start);
         let below_bytes = newest.size_bytes.saturating_sub(at_start.map_or(0, |h| h.size_bytes));
@@ -199,8 +204,12 @@ mod tests {
     #[test]
     fn the_cleaner_compacts_once_the_part_below_the_newest_snapshot_is_too_big() {
         let mut p = policy(vec![held(100, 3000, 0)]);
-        assert_eq!(p.compaction(500, 0), None, "not before the cleaner interval");
-        assert_eq!(p.compaction(1000, 0), None, "3000 bytes below: kept");
+        assert_eq!(
+            p.compaction(500, 0, Offset::MAX),
+            None,
+            "not before the cleaner interval"
+        );
+        assert_eq!(p.compaction(1000, 0, Offset::MAX), None, "3000 bytes below: kept");
         p.on_created(
             SnapshotId {
                 end_offset: 200,
@@ -209,8 +218,10 @@ mod tests {
             6000,
             1500,
         );
-        assert_eq!(p.compaction(1500, 0), None, "the cleaner ran at 1000");
-        let compaction = p.compaction(2000, 0).expect("6000 > 5000 bytes below the newest");
+        assert_eq!(p.compaction(1500, 0, Offset::MAX), None, "the cleaner ran at 1000");
+        let compaction = p
+            .compaction(2000, 0, Offset::MAX)
+            .expect("6000 > 5000 bytes below the newest");
         assert_eq!(compaction.start.end_offset, 200);
         assert_eq!(
             compaction.delete,
@@ -219,28 +230,35 @@ mod tests {
                 epoch: 1
             }]
         );
-        assert_eq!(p.compaction(3000, 200), None, "nothing left to do");
+        assert_eq!(p.compaction(3000, 200, Offset::MAX), None, "nothing left to do");
+    }
+
+    #[test]
+    fn the_cleaner_waits_until_the_newest_snapshot_is_flushed_and_committed_here() {
+        let mut p = policy(vec![held(100, 9000, 0)]);
+        assert_eq!(p.compaction(1000, 0, 99), None);
+        assert_eq!(p.compaction(2000, 0, 100).map(|c| c.start.end_offset), Some(100));
     }
 
     #[test]
     fn the_cleaner_measures_only_the_log_still_kept() {
         // The log starts at 100 already: only 7000 - 4000 bytes are kept.
         let mut p = policy(vec![held(100, 4000, 0), held(300, 7000, 0)]);
-        assert_eq!(p.compaction(1000, 100), None);
+        assert_eq!(p.compaction(1000, 100, Offset::MAX), None);
     }
 
     #[test]
     fn the_cleaner_compacts_a_part_older_than_retention_ms() {
         let mut p = policy(vec![held(100, 10, 0)]);
-        assert_eq!(p.compaction(1000, 0), None);
-        let compaction = p.compaction(600_000, 0).expect("older than retention_ms");
+        assert_eq!(p.compaction(1000, 0, Offset::MAX), None);
+        let compaction = p.compaction(600_000, 0, Offset::MAX).expect("older than retention_ms");
         assert_eq!((compaction.start.end_offset, compaction.delete), (100, vec![]));
     }
 
     #[test]
     fn older_snapshot_files_left_by_a_restart_are_deleted() {
         let mut p = policy(vec![held(100, 10, 0), held(200, 20, 0)]);
-        let compaction = p.compaction(1000, 200).expect("stale files");
+        let compaction = p.compaction(1000, 200, Offset::MAX).expect("stale files");
         assert_eq!(
             compaction.delete,
             vec![SnapshotId {

@@ -38,6 +38,11 @@ impl Disk {
         self.1.path().to_path_buf()
     }
 
+    /// Where the durable log starts now.
+    pub fn start_offset(&self) -> Offset {
+        self.0.lock().unwrap().store.start_offset()
+    }
+
     /// The store as a new incarnation sees it.
     pub fn open(&self) -> DiskHandle {
         let generation = self.0.lock().unwrap().generation;

@@ -461,6 +461,27 @@ impl World {
         });
     }
 
+    /// Kafka's snapshot invariants, on every node's disk after every step:
+    /// a log that starts above 0 has a snapshot, the earliest snapshot
+    /// never ends below the log start, and ends exactly there once the log
+    /// start has moved. (The other one, "a leader never loads a snapshot",
+    /// is an assertion in the engine's `on_snapshot_installed`.)
+    fn check_snapshot_files(&mut self) {
+        for node in &self.nodes {
+            let start = node.disk.start_offset();
+            let ids = kraft::storage::snapshot::list(&node.disk.snapshot_dir()).unwrap_or_default();
+            let earliest = ids.first().map(|id| id.end_offset);
+            let broken = match earliest {
+                None => start > 0,
+                Some(end) => end < start || (start > 0 && end != start),
+            };
+            if broken {
+                let what = format!("node {}: log starts at {start}, snapshots end at {ids:?}", node.id);
+                self.checker.borrow_mut().fail(what);
+            }
+        }
+    }
+
     /// Every live node's view: a leader names itself, a follower its
     /// leader; both go to the one-leader-per-epoch check.
     async fn poll_roles(&mut self) {
@@ -524,6 +545,7 @@ impl World {
         if self.steps.is_multiple_of(4) {
             self.poll_roles().await;
         }
+        self.check_snapshot_files();
     }
 
     async fn run(mut self) -> Report {
