@@ -633,3 +633,107 @@ async fn a_follower_behind_the_log_start_catches_up_through_the_leaders_snapshot
     assert_eq!(values[40], "after the snapshot");
     shutdown_all(&mut nodes).await;
 }
+
+/// Flips one byte in the middle of a snapshot file.
+fn damage_snapshot(dir: &Path, end_offset: Offset, epoch: Epoch) {
+    let path = kraft::storage::snapshot::path_of(dir, kraft::messages::SnapshotId { end_offset, epoch });
+    let mut bytes = std::fs::read(&path).expect("the snapshot file");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x5a;
+    std::fs::write(&path, bytes).unwrap();
+}
+
+/// A single voter with snapshots on demand only and, with `compact`, a
+/// cleaner that compacts at once (otherwise never).
+fn single_node_config(ports: &[u16], dir: &Path, compact: bool) -> Config {
+    let mut config = controller_config(1, ports, dir);
+    config.snapshot.max_bytes_between = u64::MAX;
+    config.log.cleaner_interval_ms = 50;
+    config.log.retention_bytes = if compact { 1 } else { u64::MAX };
+    config.log.retention_ms = u64::MAX;
+    config
+}
+
+/// Restart with a damaged newest snapshot: an older valid one (or the log
+/// itself) still holds everything, so the node starts on it, loudly, and
+/// every record stays readable; the damaged file is kept for inspection.
+#[actix_rt::test]
+async fn a_damaged_newest_snapshot_falls_back_to_an_older_one() {
+    init_tracing();
+    let ports = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+    let node = node::start(single_node_config(&ports, dir.path(), false))
+        .await
+        .unwrap();
+    agreed_leader(&[Some(node.clone())], 0).await;
+    node.append(vec![data("one")]).await.unwrap();
+    let older = node.create_snapshot().await.unwrap();
+    let last = node.append(vec![data("two")]).await.unwrap().last_offset;
+    let newest = node.create_snapshot().await.unwrap();
+    assert!(newest.end_offset > older.end_offset);
+    node.shutdown().await;
+
+    damage_snapshot(dir.path(), newest.end_offset, newest.epoch);
+    let node = node::start(single_node_config(&ports, dir.path(), false))
+        .await
+        .expect("starts on the older snapshot and the log");
+    agreed_leader(&[Some(node.clone())], 0).await;
+    let records = read_through(&node, last).await;
+    let values: Vec<_> = records.iter().filter_map(|r| r.value.clone()).collect();
+    assert_eq!(values, vec!["one", "two"]);
+    let kept = kraft::storage::snapshot::list(dir.path()).unwrap();
+    assert!(
+        kept.iter().any(|id| id.end_offset == newest.end_offset),
+        "the damaged file is kept: {kept:?}"
+    );
+    node.shutdown().await;
+}
+
+/// Restart after compaction with the only snapshot holding the compacted
+/// records damaged: starting would silently lose them, so the node refuses
+/// and says why, and removes nothing.
+#[actix_rt::test]
+async fn a_damaged_snapshot_below_the_log_start_refuses_to_start() {
+    init_tracing();
+    let ports = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+    let node = node::start(single_node_config(&ports, dir.path(), true)).await.unwrap();
+    agreed_leader(&[Some(node.clone())], 0).await;
+    node.append(vec![data("compacted away")]).await.unwrap();
+    let snapshot = node.create_snapshot().await.unwrap();
+    eventually("the log to be compacted", || async {
+        let status = node.describe().await.ok()?;
+        (status.log_start_offset == snapshot.end_offset).then_some(())
+    })
+    .await;
+    node.shutdown().await;
+
+    damage_snapshot(dir.path(), snapshot.end_offset, snapshot.epoch);
+    let before = std::fs::read(kraft::storage::snapshot::path_of(
+        dir.path(),
+        kraft::messages::SnapshotId {
+            end_offset: snapshot.end_offset,
+            epoch: snapshot.epoch,
+        },
+    ))
+    .unwrap();
+    match node::start(single_node_config(&ports, dir.path(), true)).await {
+        Ok(_) => panic!("started without the records below its log start"),
+        Err(e) => {
+            let message = e.to_string();
+            assert!(
+                message.contains("no valid snapshot holds the records below it"),
+                "{message}"
+            );
+        }
+    }
+    let after = std::fs::read(kraft::storage::snapshot::path_of(
+        dir.path(),
+        kraft::messages::SnapshotId {
+            end_offset: snapshot.end_offset,
+            epoch: snapshot.epoch,
+        },
+    ))
+    .unwrap();
+    assert_eq!(before, after, "nothing was removed or rewritten");
+}
