@@ -186,9 +186,10 @@ async fn seen_through(seen: &Seen, last: Offset) -> Vec<CommittedRecord> {
 /// Every committed record from offset 0 through `last`, page by page, once
 /// `node` knows they are committed.
 async fn read_through(node: &NodeHandle, last: Offset) -> Vec<kraft::node::LogEntry> {
-    eventually(&format!("node {} to know offset {last} is committed", node.node_id()), || async {
-        (node.describe().await.ok()?.high_watermark > last).then_some(())
-    })
+    eventually(
+        &format!("node {} to know offset {last} is committed", node.node_id()),
+        || async { (node.describe().await.ok()?.high_watermark > last).then_some(()) },
+    )
     .await;
     let mut records: Vec<kraft::node::LogEntry> = Vec::new();
     while records.last().is_none_or(|r| r.offset < last) {
