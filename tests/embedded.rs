@@ -743,3 +743,38 @@ async fn a_damaged_snapshot_below_the_log_start_refuses_to_start() {
     .unwrap();
     assert_eq!(before, after, "nothing was removed or rewritten");
 }
+
+/// `snapshot.max_bytes_between`: a node writes a snapshot by itself once
+/// that many bytes were appended since the last one, and the cleaner then
+/// compacts below it.
+#[actix_rt::test]
+async fn a_snapshot_is_written_after_max_bytes_between_and_the_log_compacted() {
+    init_tracing();
+    let ports = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = single_node_config(&ports, dir.path(), true);
+    config.snapshot.max_bytes_between = 4096;
+    let node = node::start(config).await.unwrap();
+    agreed_leader(&[Some(node.clone())], 0).await;
+    assert!(kraft::storage::snapshot::list(dir.path()).unwrap().is_empty());
+    let mut last = 0;
+    for i in 0..10 {
+        last = node
+            .append(vec![vec![b'x'; 1024], data(&format!("{i}"))])
+            .await
+            .unwrap()
+            .last_offset;
+    }
+    // The storage thread deletes the older snapshot files, then the log
+    // below the newest: once it has, the earliest snapshot ends at the log
+    // start.
+    eventually("a snapshot and a compacted log", || async {
+        let start = node.describe().await.ok()?.log_start_offset;
+        let snapshots = kraft::storage::snapshot::list(dir.path()).ok()?;
+        (start > 0 && snapshots.first().map(|s| s.end_offset) == Some(start)).then_some(())
+    })
+    .await;
+    let records = read_through(&node, last).await;
+    assert_eq!(records.iter().filter(|r| r.kind == "data").count(), 20);
+    node.shutdown().await;
+}
