@@ -1,5 +1,6 @@
-//! A 3-node kraft cluster of real `kraft run` processes on 127.0.0.1, and
-//! the HTTP client that appends to its leader.
+//! A 3-node kraft cluster of real `kraft run` processes on 127.0.0.1 (plus
+//! observers, stops and restarts for the `state` command), and the HTTP
+//! client that appends to its leader.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -48,25 +49,64 @@ pub fn locate_or_build(kraft_bin: Option<&Path>, repo_root: &Path) -> Result<Pat
     Ok(bin)
 }
 
-/// A running 3-node cluster. Dropping it stops the processes, then removes
-/// the data directories (field order matters).
+/// A running 3-node cluster, plus any observers added later. Dropping it
+/// stops the processes, then removes the data directories (field order
+/// matters).
 pub struct KraftCluster {
     processes: ProcessGuard,
+    /// The voters' HTTP addresses: node id `i + 1` at index `i`.
     pub http: Vec<SocketAddr>,
-    _dir: tempfile::TempDir,
+    /// Every node started, voters first.
+    nodes: Vec<Node>,
+    bin: PathBuf,
+    cluster_id: String,
+    /// The `quorum.voters` list, as TOML array items.
+    voters: String,
+    /// Appended to every node's config (e.g. `[log]` and `[snapshot]` keys).
+    extra_toml: String,
+    dir: tempfile::TempDir,
 }
 
-#[derive(Deserialize)]
-struct QuorumView {
-    role: String,
-    leader_id: Option<u64>,
-    leader_epoch: u64,
+/// One node of the cluster: where it listens and keeps its files, and the
+/// process now running it (None while stopped).
+struct Node {
+    id: usize,
+    pid: Option<u32>,
+    http: SocketAddr,
+    config: PathBuf,
+    data_dir: PathBuf,
+    /// The log file of the latest start.
+    log: PathBuf,
+    /// Times started; every start writes a log file of its own, so that a
+    /// restart does not overwrite what the crashed process wrote.
+    starts: usize,
+}
+
+/// A node's `GET /v1/quorum` answer (the fields the harness reads).
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
+pub struct QuorumView {
+    pub role: String,
+    pub leader_id: Option<u64>,
+    pub leader_epoch: u64,
+    #[serde(default)]
+    pub high_watermark: u64,
+    #[serde(default)]
+    pub log_start_offset: u64,
+    #[serde(default)]
+    pub log_end_offset: u64,
 }
 
 impl KraftCluster {
     /// Writes three configs (fresh cluster id, fresh data directories under
     /// `data_root`, free ports) and starts `kraft run --config FILE` for each.
     pub fn start(bin: &Path, data_root: &Path) -> Result<KraftCluster> {
+        KraftCluster::start_with(bin, data_root, "")
+    }
+
+    /// [`KraftCluster::start`] with `extra_toml` appended to every node's
+    /// config, observers added later included. It may only add tables the
+    /// generated config does not have (`[log]`, `[snapshot]`, `[metadata]`).
+    pub fn start_with(bin: &Path, data_root: &Path, extra_toml: &str) -> Result<KraftCluster> {
         let dir = procs::data_dir(data_root, "kraft-bench-kraft-")?;
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -81,44 +121,164 @@ impl KraftCluster {
             .map(|(i, port)| format!("\"{}@127.0.0.1:{port}\"", i + 1))
             .collect::<Vec<_>>()
             .join(", ");
-        let mut processes = ProcessGuard::default();
-        for i in 0..3 {
-            let id = i + 1;
-            let config = dir.path().join(format!("node{id}.toml"));
-            let data_dir = dir.path().join(format!("node-{id}"));
-            std::fs::write(
-                &config,
-                node_config(id, &data_dir, &cluster_id, raft[i], http[i], &voters),
-            )
-            .with_context(|| format!("cannot write {}", config.display()))?;
-            let mut command = Command::new(bin);
-            command.arg("run").arg("--config").arg(&config);
-            if std::env::var_os("RUST_LOG").is_none() {
-                command.env("RUST_LOG", "info");
-            }
-            processes.spawn(
-                &format!("kraft node {id}"),
-                command,
-                &dir.path().join(format!("node{id}.log")),
-            )?;
-        }
-        Ok(KraftCluster {
-            processes,
+        let mut cluster = KraftCluster {
+            processes: ProcessGuard::default(),
             http: http
                 .iter()
                 .map(|port| SocketAddr::from(([127, 0, 0, 1], *port)))
                 .collect(),
-            _dir: dir,
-        })
+            nodes: Vec::new(),
+            bin: bin.to_path_buf(),
+            cluster_id,
+            voters,
+            extra_toml: extra_toml.to_string(),
+            dir,
+        };
+        for i in 0..3 {
+            cluster.add_node(i + 1, "controller", raft[i], http[i])?;
+        }
+        Ok(cluster)
+    }
+
+    /// Starts an observer (`roles = ["broker"]`): node `id`, which must not
+    /// be a voter, with a fresh empty data directory, free ports, and the
+    /// same cluster id and voters. Returns its HTTP address.
+    pub fn add_observer(&mut self, id: usize) -> Result<SocketAddr> {
+        if self.nodes.iter().any(|n| n.id == id) {
+            bail!("node {id} already exists");
+        }
+        let ports = procs::free_ports(2)?;
+        self.add_node(id, "broker", ports[0], ports[1])?;
+        Ok(SocketAddr::from(([127, 0, 0, 1], ports[1])))
+    }
+
+    /// Writes node `id`'s config and starts it.
+    fn add_node(&mut self, id: usize, role: &str, raft: u16, http: u16) -> Result<()> {
+        let config = self.dir.path().join(format!("node{id}.toml"));
+        let data_dir = self.dir.path().join(format!("node-{id}"));
+        let mut text = node_config(id, role, &data_dir, &self.cluster_id, raft, http, &self.voters);
+        text.push_str(&self.extra_toml);
+        std::fs::write(&config, text).with_context(|| format!("cannot write {}", config.display()))?;
+        self.nodes.push(Node {
+            id,
+            pid: None,
+            http: SocketAddr::from(([127, 0, 0, 1], http)),
+            config,
+            data_dir,
+            log: PathBuf::new(),
+            starts: 0,
+        });
+        self.spawn_node(id)
+    }
+
+    /// Starts `kraft run --config FILE` for node `id` (not running now), with
+    /// its output in `node{id}.log` (`node{id}-{n}.log` for the n-th start).
+    fn spawn_node(&mut self, id: usize) -> Result<()> {
+        let index = self.index_of(id)?;
+        let node = &mut self.nodes[index];
+        if node.pid.is_some() {
+            bail!("node {id} is running");
+        }
+        node.starts += 1;
+        let log = match node.starts {
+            1 => self.dir.path().join(format!("node{id}.log")),
+            n => self.dir.path().join(format!("node{id}-{n}.log")),
+        };
+        let mut command = Command::new(&self.bin);
+        command.arg("run").arg("--config").arg(&node.config);
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "info");
+        }
+        node.pid = Some(self.processes.spawn(&format!("kraft node {id}"), command, &log)?);
+        node.log = log;
+        Ok(())
+    }
+
+    /// Stops node `id` with `signal` (SIGKILL: a crash); see
+    /// [`ProcessGuard::stop`]. Returns how long it took to exit.
+    pub fn stop_node(&mut self, id: usize, signal: libc::c_int) -> Result<Duration> {
+        let index = self.index_of(id)?;
+        let pid = self.nodes[index]
+            .pid
+            .take()
+            .with_context(|| format!("node {id} is not running"))?;
+        Ok(self.processes.stop(pid, signal)?.0)
+    }
+
+    /// Starts node `id` again on its config and data directory.
+    pub fn restart_node(&mut self, id: usize) -> Result<()> {
+        self.spawn_node(id)
+    }
+
+    fn index_of(&self, id: usize) -> Result<usize> {
+        self.nodes
+            .iter()
+            .position(|n| n.id == id)
+            .with_context(|| format!("no node {id}"))
+    }
+
+    /// Node `id`'s process id while it runs.
+    pub fn pid(&self, id: usize) -> Option<u32> {
+        self.index_of(id).ok().and_then(|i| self.nodes[i].pid)
+    }
+
+    /// Node `id`'s HTTP address.
+    pub fn http_of(&self, id: usize) -> Result<SocketAddr> {
+        Ok(self.nodes[self.index_of(id)?].http)
+    }
+
+    /// Node `id`'s data directory.
+    pub fn data_dir(&self, id: usize) -> Result<PathBuf> {
+        Ok(self.nodes[self.index_of(id)?].data_dir.clone())
+    }
+
+    /// Node `id`'s log file (of its latest start).
+    pub fn log_of(&self, id: usize) -> Result<PathBuf> {
+        Ok(self.nodes[self.index_of(id)?].log.clone())
+    }
+
+    /// (id, HTTP address) of every node running now.
+    pub fn running(&self) -> Vec<(usize, SocketAddr)> {
+        self.nodes
+            .iter()
+            .filter(|n| n.pid.is_some())
+            .map(|n| (n.id, n.http))
+            .collect()
+    }
+
+    /// Where the configs, data directories and server logs are.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     pub fn pids(&self) -> Vec<u32> {
         self.processes.pids()
     }
 
+    /// Fails, quoting the end of its log, if a started server has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.processes.check_running()
+    }
+
+    /// (name, log file) of every running server.
+    pub fn logs(&self) -> Vec<(String, PathBuf)> {
+        self.processes.logs()
+    }
+
+    /// The end of every running server's log, for error messages.
+    pub fn log_tails(&self, lines: usize) -> String {
+        self.processes.log_tails(lines)
+    }
+
     /// Waits until one node is leader and all three name it in the same
     /// epoch; returns its HTTP address.
     pub async fn wait_for_leader(&mut self) -> Result<SocketAddr> {
+        let id = self.wait_for_leader_id().await?;
+        Ok(self.http[id - 1])
+    }
+
+    /// [`KraftCluster::wait_for_leader`], returning the leader's node id.
+    pub async fn wait_for_leader_id(&mut self) -> Result<usize> {
         let deadline = tokio::time::Instant::now() + LEADER_WAIT;
         let mut last = String::from("no answer yet");
         loop {
@@ -136,7 +296,7 @@ impl KraftCluster {
                         .iter()
                         .all(|v| v.leader_id == leader.leader_id && v.leader_epoch == leader.leader_epoch);
                     if let (true, Some(id)) = (agreed, leader.leader_id) {
-                        return Ok(self.http[(id - 1) as usize]);
+                        return Ok(id as usize);
                     }
                 }
                 last = views
@@ -156,7 +316,8 @@ impl KraftCluster {
     }
 }
 
-async fn quorum_view(addr: SocketAddr) -> Result<QuorumView, String> {
+/// One `GET /v1/quorum` on a fresh connection.
+pub async fn quorum_view(addr: SocketAddr) -> Result<QuorumView, String> {
     let (status, body) = HttpConn::new(addr).get("/v1/quorum").await?;
     if !status.is_success() {
         return Err(format!("GET /v1/quorum on {addr}: {status}"));
@@ -165,13 +326,22 @@ async fn quorum_view(addr: SocketAddr) -> Result<QuorumView, String> {
 }
 
 /// A node's TOML config, shaped like examples/node1.toml (the keys left out
-/// keep their defaults, which are the examples' values).
-fn node_config(id: usize, data_dir: &Path, cluster_id: &str, raft: u16, http: u16, voters: &str) -> String {
+/// keep their defaults, which are the examples' values). `role` is
+/// `controller` (a voter) or `broker` (an observer).
+pub fn node_config(
+    id: usize,
+    role: &str,
+    data_dir: &Path,
+    cluster_id: &str,
+    raft: u16,
+    http: u16,
+    voters: &str,
+) -> String {
     format!(
         r#"# Written by kraft-bench for one benchmark run.
 [node]
 id = {id}
-roles = ["controller"]
+roles = ["{role}"]
 data_dir = "{data_dir}"
 cluster_id = "{cluster_id}"
 

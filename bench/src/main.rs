@@ -7,6 +7,9 @@
 //!   chart.
 //! - `embedded`: a 3-node kraft cluster inside this process, appends
 //!   through `NodeHandle::append` with many in flight.
+//! - `state`: what a large log costs on a 3-node cluster of real processes:
+//!   memory and disk with N records, snapshot, compaction, a fresh observer
+//!   joining, a crashed follower restarting.
 //! - `limits`: only the machine's limits (fdatasync, loopback round trip).
 //! - `plot`: redraws the chart of a `cluster` results JSON.
 
@@ -19,6 +22,7 @@ mod kraft_cluster;
 mod load;
 mod plot;
 mod procs;
+mod state;
 mod zookeeper;
 
 use std::io::IsTerminal;
@@ -44,6 +48,8 @@ enum Command {
     Cluster(ClusterArgs),
     /// A 3-node kraft cluster in this process, appends through NodeHandle::append with many in flight.
     Embedded(EmbeddedArgs),
+    /// What a large log costs: memory, disk, snapshot, compaction, a fresh observer joining, a restart (3 real processes).
+    State(StateArgs),
     /// Only the machine's limits: fdatasync'd appends and the loopback TCP round trip.
     Limits(CommonArgs),
     /// Redraws the chart of a results JSON written by `cluster` (next to it, .svg).
@@ -100,6 +106,43 @@ struct ClusterArgs {
 }
 
 #[derive(Args)]
+struct StateArgs {
+    /// Where the cluster's data directories go; a fresh temp directory is made inside.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    data_root: PathBuf,
+    /// Results directory (JSON).
+    #[arg(long, default_value_os_t = default_out())]
+    out: PathBuf,
+    /// Leave the data directories and server logs in place (their path is printed).
+    #[arg(long)]
+    keep_data: bool,
+    /// A kraft release binary; by default `cargo build --release --locked --bin kraft` runs in the repository.
+    #[arg(long)]
+    kraft_bin: Option<PathBuf>,
+    /// Records loaded into the log before anything is measured.
+    #[arg(long, default_value_t = 1_000_000)]
+    records: u64,
+    /// Bytes of each record's value.
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// Records per POST /v1/append.
+    #[arg(long, default_value_t = 1000)]
+    batch: usize,
+    /// Concurrent connections loading the records (each sends its next batch once the previous one committed).
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Skip the observer that joins through the log alone, before any snapshot exists.
+    #[arg(long)]
+    no_log_join: bool,
+    /// The nodes' log.cleaner_interval_ms: how soon after a snapshot the log below it is deleted.
+    #[arg(long, default_value_t = 200)]
+    cleaner_interval_ms: u64,
+    /// Longest wait, in seconds, for any one step (replication, a snapshot, compaction, a join, a restart).
+    #[arg(long, default_value_t = 600.0)]
+    wait_secs: f64,
+}
+
+#[derive(Args)]
 struct EmbeddedArgs {
     #[command(flatten)]
     common: CommonArgs,
@@ -145,6 +188,7 @@ fn main() -> ExitCode {
     let keep_data = match &cli.command {
         Command::Cluster(args) => args.common.keep_data,
         Command::Embedded(args) => args.common.keep_data,
+        Command::State(args) => args.keep_data,
         Command::Limits(args) => args.keep_data,
         Command::Plot { .. } => false,
     };
@@ -152,6 +196,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Cluster(args) => cluster(args),
         Command::Embedded(args) => embedded(args),
+        Command::State(args) => state(args),
         Command::Limits(args) => limits(args),
         Command::Plot { results } => harness::replot(&results).map(|svg| println!("chart: {}", svg.display())),
     };
@@ -176,10 +221,7 @@ fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
         concurrency: args.concurrency,
         runs: args.runs,
         kraft_bin: args.kraft_bin,
-        repo_root: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("bench/ has a parent")
-            .to_path_buf(),
+        repo_root: repo_root(),
         out: args.common.out,
         data_root: args.common.data_root,
         value_bytes: args.value_bytes,
@@ -196,6 +238,46 @@ fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         tokio::select! {
             outcome = harness::run(options) => outcome,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("kraft-bench: interrupted; stopping the servers");
+                Err(anyhow::anyhow!("interrupted"))
+            }
+        }
+    })
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("bench/ has a parent")
+        .to_path_buf()
+}
+
+fn state(args: StateArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.cleaner_interval_ms > 0, "--cleaner-interval-ms must be above 0");
+    let options = state::StateOptions {
+        records: args.records,
+        value_bytes: args.value_bytes,
+        batch: args.batch,
+        clients: args.clients,
+        log_join: !args.no_log_join,
+        cleaner_interval_ms: args.cleaner_interval_ms,
+        wait: secs(args.wait_secs, "wait-secs")?,
+        kraft_bin: args.kraft_bin,
+        repo_root: repo_root(),
+        out: args.out,
+        data_root: args.data_root,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    // As in `cluster`: the servers are started from this (main) thread
+    // inside block_on, and on Ctrl-C the future is dropped with the
+    // cluster's guard, which stops them.
+    runtime.block_on(async {
+        tokio::select! {
+            outcome = state::run(options) => outcome,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("kraft-bench: interrupted; stopping the servers");
                 Err(anyhow::anyhow!("interrupted"))

@@ -1,5 +1,6 @@
 //! Server processes the harness starts: a guard that stops them on drop,
-//! free loopback ports, CPU time from `/proc`, and where a directory lives.
+//! free loopback ports, CPU time and memory from `/proc`, directory sizes,
+//! and where a directory lives.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -99,6 +100,50 @@ impl ProcessGuard {
             .join("\n")
     }
 
+    /// Stops one server: `signal` (SIGTERM for a clean stop, SIGKILL for a
+    /// crash), then SIGKILL if it is still running after [`STOP_GRACE`].
+    /// Returns how long it took to exit and whether SIGKILL was needed. The
+    /// server is forgotten (a later restart is a new [`ProcessGuard::spawn`]).
+    pub fn stop(&mut self, pid: u32, signal: libc::c_int) -> Result<(Duration, bool)> {
+        let index = self
+            .servers
+            .iter()
+            .position(|s| s.child.id() == pid)
+            .with_context(|| format!("no server with pid {pid}"))?;
+        let mut server = self.servers.remove(index);
+        let sent = Instant::now();
+        if let Ok(None) = server.child.try_wait() {
+            // SAFETY: plain kill(2) on a child we own and have not reaped.
+            unsafe {
+                libc::kill(pid as libc::pid_t, signal);
+            }
+        }
+        loop {
+            match server.child.try_wait() {
+                Ok(Some(_)) => return Ok((sent.elapsed(), false)),
+                Err(e) => {
+                    let _ = server.child.kill();
+                    bail!("waiting for {} to exit: {e}", server.name)
+                }
+                Ok(None) if sent.elapsed() >= STOP_GRACE => {
+                    eprintln!(
+                        "  {} still running {STOP_GRACE:?} after signal {signal}: SIGKILL",
+                        server.name
+                    );
+                    let _ = server.child.kill();
+                    let _ = server.child.wait();
+                    return Ok((sent.elapsed(), true));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }
+
+    /// (name, log file) of every server, in start order.
+    pub fn logs(&self) -> Vec<(String, PathBuf)> {
+        self.servers.iter().map(|s| (s.name.clone(), s.log.clone())).collect()
+    }
+
     /// Stops every server (see the type's documentation).
     pub fn stop_all(&mut self) {
         for server in &mut self.servers {
@@ -189,6 +234,72 @@ fn cpu_seconds_from_stat(stat: &str) -> Result<f64> {
     Ok((utime + stime) as f64 / ticks)
 }
 
+/// A process's resident memory from `/proc/PID/status`, in KiB: `VmRSS`
+/// (now) and `VmHWM` (the peak since it started).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Memory {
+    pub rss_kib: u64,
+    pub hwm_kib: u64,
+}
+
+impl Memory {
+    pub fn rss_mib(&self) -> f64 {
+        self.rss_kib as f64 / 1024.0
+    }
+
+    pub fn hwm_mib(&self) -> f64 {
+        self.hwm_kib as f64 / 1024.0
+    }
+}
+
+pub fn memory(pid: u32) -> Result<Memory> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("read /proc/{pid}/status"))?;
+    memory_from_status(&status).with_context(|| format!("parse /proc/{pid}/status"))
+}
+
+fn memory_from_status(status: &str) -> Result<Memory> {
+    let field = |name: &str| -> Result<u64> {
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .with_context(|| format!("no {name}"))?;
+        let kib = line.trim().trim_end_matches("kB").trim();
+        kib.parse().with_context(|| format!("{name} {kib:?}"))
+    };
+    Ok(Memory {
+        rss_kib: field("VmRSS:")?,
+        hwm_kib: field("VmHWM:")?,
+    })
+}
+
+/// The bytes under a directory, every file counted once: (apparent size,
+/// allocated on disk as `du` counts it). A file that vanishes meanwhile
+/// counts 0.
+pub fn dir_usage(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let mut apparent = 0;
+    let mut allocated = 0;
+    let mut pending = vec![path.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else {
+                apparent += meta.len();
+                allocated += meta.blocks() * 512;
+            }
+        }
+    }
+    (apparent, allocated)
+}
+
 /// Total CPU seconds of a set of processes (a process that is gone counts 0).
 pub fn total_cpu_seconds(pids: &[u32]) -> f64 {
     pids.iter().filter_map(|&pid| cpu_seconds(pid).ok()).sum()
@@ -253,6 +364,23 @@ mod tests {
         let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 1 2 3";
         let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
         assert_eq!(cpu_seconds_from_stat(stat).unwrap(), 300.0 / ticks);
+    }
+
+    #[test]
+    fn memory_fields_of_a_status_file() {
+        let status = "Name:\tkraft\nVmPeak:\t  900 kB\nVmHWM:\t   81234 kB\nVmRSS:\t   70001 kB\nThreads:\t9\n";
+        let m = memory_from_status(status).unwrap();
+        assert_eq!((m.rss_kib, m.hwm_kib), (70001, 81234));
+        assert!(memory(std::process::id()).unwrap().rss_kib > 0);
+    }
+
+    #[test]
+    fn dir_usage_counts_nested_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("a")).unwrap();
+        std::fs::write(dir.path().join("a/x"), [0u8; 1000]).unwrap();
+        std::fs::write(dir.path().join("y"), [0u8; 24]).unwrap();
+        assert_eq!(dir_usage(dir.path()).0, 1024);
     }
 
     #[test]
