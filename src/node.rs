@@ -475,10 +475,13 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
 
 /// Snapshot files at start (KIP-630). Partial transfers are removed and the
 /// newest valid snapshot is found (damaged newer ones are skipped, loudly,
-/// and kept for inspection). The log is then reconciled with it: a snapshot
-/// past the log end was installed from the leader just before a crash, so
-/// the log is reset to start at its end; a log that starts above the newest
-/// valid snapshot has lost the records in between, which refuses to start.
+/// and kept for inspection). The log is then reconciled with it: a log
+/// that does not continue the snapshot (it ends below the snapshot's end,
+/// or holds the snapshot's last offset in another epoch: see
+/// [`log_continues_snapshot`]) is what a crash during an install leaves, so
+/// it is reset to start at the snapshot's end; a log that starts above the
+/// newest valid snapshot has lost the records in between, which refuses to
+/// start.
 /// Returns the valid snapshots (id, size): the newest first, then older
 /// files for the cleaner to delete.
 fn recover_snapshots(dir: &Path, store: &mut dyn LogStore) -> Result<Vec<(SnapshotId, u64)>, StorageError> {
@@ -514,11 +517,12 @@ fn recover_snapshots(dir: &Path, store: &mut dyn LogStore) -> Result<Vec<(Snapsh
             ),
         });
     }
-    if id.end_offset > store.end_offset() {
+    if let Some(why) = log_continues_snapshot(&*store, id).err() {
         warn!(
             ?id,
+            log_start_offset = start,
             log_end_offset = store.end_offset(),
-            "the log restarts at an installed snapshot's end"
+            "the log restarts at an installed snapshot's end: {why}"
         );
         store.reset(id.end_offset, id.epoch)?;
     }
@@ -538,6 +542,42 @@ fn recover_snapshots(dir: &Path, store: &mut dyn LogStore) -> Result<Vec<(Snapsh
         }
     }
     Ok(held)
+}
+
+/// Whether the log continues the snapshot `id` (which ends at or above the
+/// log start): it must reach the snapshot's end and hold the snapshot's
+/// last record, at `id.end_offset - 1`, in the snapshot's epoch. By Raft's
+/// log matching (same offset and epoch, same prefix) the log below the
+/// snapshot's end is then the snapshot's history, and the records above it
+/// follow it. Otherwise (Err says why) the log is another history: an
+/// install (file renamed into place, then the log reset, KIP-630) that a
+/// crash cut in between leaves the follower's old log beside the leader's
+/// snapshot, and that log may hold uncommitted records of an older epoch
+/// below the snapshot's end, which must never be taken for committed.
+///
+/// When the log starts at the snapshot's end, the record at
+/// `id.end_offset - 1` was compacted away and the log's start epoch is its
+/// epoch; the epoch cache only knows the epochs of the batches in the log.
+fn log_continues_snapshot(store: &dyn LogStore, id: SnapshotId) -> Result<(), String> {
+    let (start, end) = (store.start_offset(), store.end_offset());
+    debug_assert!(id.end_offset >= start, "checked by the caller");
+    if id.end_offset > end {
+        return Err(format!("the snapshot ends past the log end {end}"));
+    }
+    if id.end_offset == 0 {
+        // An empty snapshot: nothing to agree on.
+        return Ok(());
+    }
+    let log = LogView::new(start, store.start_epoch(), end, store.epoch_cache());
+    let epoch = log.epoch_before(id.end_offset);
+    if epoch != id.epoch {
+        return Err(format!(
+            "the log holds offset {} in epoch {epoch}, the snapshot in epoch {}",
+            id.end_offset - 1,
+            id.epoch
+        ));
+    }
+    Ok(())
 }
 
 /// What the supervisor tears down once QuorumState stops.
@@ -681,4 +721,60 @@ impl NodeHandle {
 
 fn unavailable(e: actix::MailboxError) -> NodeError {
     NodeError(format!("the node is stopped ({e})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::Batch;
+    use crate::storage::MemoryStore;
+
+    fn id(end_offset: Offset, epoch: Epoch) -> SnapshotId {
+        SnapshotId { end_offset, epoch }
+    }
+
+    /// A flushed log with one single-record batch per offset in `[0, end)`:
+    /// epoch 1 below 3, epoch 2 from there.
+    fn log(end: Offset) -> MemoryStore {
+        let mut store = MemoryStore::new();
+        for offset in 0..end {
+            let epoch = if offset < 3 { 1 } else { 2 };
+            store.append(&Batch::new(offset, epoch, &[Record::NoOp])).unwrap();
+        }
+        store.flush().unwrap();
+        store
+    }
+
+    #[test]
+    fn the_log_continues_a_snapshot_whose_last_offset_it_holds_in_the_same_epoch() {
+        let store = log(10);
+        assert_eq!(log_continues_snapshot(&store, id(3, 1)), Ok(()));
+        assert_eq!(log_continues_snapshot(&store, id(4, 2)), Ok(()));
+        assert!(log_continues_snapshot(&store, id(3, 2)).is_err(), "offset 2 is epoch 1");
+        assert!(log_continues_snapshot(&store, id(4, 3)).is_err(), "offset 3 is epoch 2");
+        assert_eq!(log_continues_snapshot(&store, id(0, 0)), Ok(()), "an empty snapshot");
+    }
+
+    #[test]
+    fn a_snapshot_ending_at_the_log_end_is_matched_on_the_last_record_and_one_past_it_never() {
+        let store = log(10);
+        assert_eq!(log_continues_snapshot(&store, id(10, 2)), Ok(()));
+        assert!(log_continues_snapshot(&store, id(10, 3)).is_err());
+        assert!(log_continues_snapshot(&store, id(11, 2)).is_err(), "past the log end");
+    }
+
+    #[test]
+    fn a_log_starting_at_the_snapshot_end_is_matched_on_its_start_epoch() {
+        // Compacted below 5: offset 4 (epoch 2) is gone from the log and
+        // its epoch cache; the start epoch remembers it.
+        let mut store = log(10);
+        store.delete_before(5).unwrap();
+        assert_eq!((store.start_offset(), store.start_epoch()), (5, 2));
+        assert_eq!(log_continues_snapshot(&store, id(5, 2)), Ok(()));
+        assert!(log_continues_snapshot(&store, id(5, 1)).is_err());
+        // Reset to an installed snapshot: empty, starting at its end.
+        store.reset(20, 4).unwrap();
+        assert_eq!(log_continues_snapshot(&store, id(20, 4)), Ok(()));
+        assert!(log_continues_snapshot(&store, id(20, 3)).is_err());
+    }
 }

@@ -778,3 +778,73 @@ async fn a_snapshot_is_written_after_max_bytes_between_and_the_log_compacted() {
     assert_eq!(records.iter().filter(|r| r.kind == "data").count(), 20);
     node.shutdown().await;
 }
+
+/// The values of the data records among `records`.
+fn data_values(records: &[CommittedRecord]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match &r.record {
+            Record::Data(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Log matching at restart (KIP-630 install, Raft §5.3): a follower that
+/// crashed after the leader's snapshot was renamed into place but before
+/// the reset of its log was durable comes back with its old log. Where that
+/// log holds the snapshot's last offset in another epoch it is a different
+/// history, never committed: the log restarts at the snapshot's end and
+/// only the snapshot's records are reported as committed.
+#[actix_rt::test]
+async fn a_log_that_disagrees_with_the_newest_snapshot_at_its_end_restarts_at_the_snapshot() {
+    use kraft::storage::{LogStore, SledStore, SnapshotWriter};
+    init_tracing();
+    let ports = free_ports(3);
+    let dir = tempfile::tempdir().unwrap();
+    // Node 1 follows an unreachable node 2: nothing new ever commits.
+    let config = controller_config(1, &ports, dir.path());
+    {
+        let mut store = SledStore::open(dir.path(), &config.node.cluster_id, 1).unwrap();
+        for i in 0..10 {
+            let batch = kraft::messages::Batch::new(i, 1, &[Record::Data(data(&format!("old {i}")))]);
+            store.append(&batch).unwrap();
+        }
+        store
+            .write_election_state(&kraft::raft::ElectionState {
+                epoch: 2,
+                voted_for: None,
+                leader_id: Some(2),
+            })
+            .unwrap();
+        store.flush().unwrap();
+    }
+    // The leader's snapshot: the records agree up to offset 1 (epoch 1),
+    // then epoch 2 wrote others at 2..4.
+    let id = kraft::messages::SnapshotId {
+        end_offset: 5,
+        epoch: 2,
+    };
+    let mut writer = SnapshotWriter::create(dir.path(), id, 0).unwrap();
+    writer
+        .append(0, 1, &[Record::Data(data("old 0")), Record::Data(data("old 1"))])
+        .unwrap();
+    let new: Vec<Record> = (2..5).map(|i| Record::Data(data(&format!("new {i}")))).collect();
+    writer.append(2, 2, &new).unwrap();
+    writer.freeze().unwrap();
+
+    let node = node::start(config).await.expect("the node starts");
+    let seen = register_collector(&node).await;
+    let expected = vec!["old 0", "old 1", "new 2", "new 3", "new 4"];
+    let page = node.read_committed(0, 100).await.unwrap();
+    let values: Vec<_> = page.records.iter().filter_map(|r| r.value.clone()).collect();
+    assert_eq!(values, expected, "only the snapshot's records are committed");
+    assert_eq!(data_values(&seen_through(&seen, 4).await), expected);
+    let status = node.describe().await.unwrap();
+    assert_eq!(
+        (status.log_start_offset, status.log_end_offset, status.high_watermark),
+        (5, 5, 5),
+        "the log restarts at the snapshot's end: {status:?}"
+    );
+    node.shutdown().await;
+}

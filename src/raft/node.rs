@@ -412,6 +412,12 @@ impl RaftNode {
             Role::Unattached(node.new_unattached())
         };
         node.emit_role_changed();
+        if high_watermark > 0 {
+            // Everything below the log start is committed (it is in a
+            // snapshot): the shell's listeners start from offset 0 and must
+            // learn it even if nothing more is ever committed.
+            node.actions.push(Action::HighWatermark(high_watermark));
+        }
         node.poll();
         node
     }
@@ -556,10 +562,16 @@ impl RaftNode {
         self.latest_snapshot
     }
 
-    /// At start, before any input: the newest valid snapshot on disk. It
-    /// holds committed state, so the high watermark is at least its end.
+    /// At start, before any input: the newest valid snapshot on disk, which
+    /// the log continues (the shell resets a log that does not). It holds
+    /// committed state, so the high watermark is at least its end.
     pub fn restore_snapshot(&mut self, id: SnapshotId) {
         debug_assert!(id.end_offset >= self.log.start_offset() && id.end_offset <= self.log.end_offset());
+        debug_assert!(
+            id.end_offset == 0 || self.log.epoch_before(id.end_offset) == id.epoch,
+            "the log holds the last offset of snapshot {id:?} in epoch {}",
+            self.log.epoch_before(id.end_offset)
+        );
         self.latest_snapshot = Some(id);
         let committed = id.end_offset.min(self.log.end_offset());
         if committed > self.high_watermark {

@@ -1708,6 +1708,31 @@ fn the_leader_serves_only_its_latest_snapshot() {
 }
 
 #[test]
+fn a_node_restarted_over_a_compacted_log_announces_the_high_watermark_at_its_start() {
+    // Everything below the log start is in a snapshot, hence committed; the
+    // listeners (which start at offset 0) learn it without a new commit.
+    let election = ElectionState {
+        epoch: 2,
+        voted_for: None,
+        leader_id: Some(2),
+    };
+    let mut node = RaftNode::new(
+        config(1, &[1, 2, 3]),
+        election,
+        LogView::new(100, 2, 100, Vec::new()),
+        0,
+        7,
+    );
+    assert_eq!(node.high_watermark(), 100);
+    assert!(node.take_actions().contains(&Action::HighWatermark(100)));
+    let mut fresh = start(1, &[1, 2, 3], ElectionState::default());
+    assert!(!fresh
+        .take_actions()
+        .iter()
+        .any(|a| matches!(a, Action::HighWatermark(_))));
+}
+
+#[test]
 fn a_snapshot_past_the_high_watermark_is_never_registered() {
     let mut node = start(1, &[1, 2, 3], ElectionState::default());
     node.on_snapshot_created(
