@@ -16,6 +16,10 @@
 //!
 //! Then the single timer is re-armed at `node.next_deadline_ms()`.
 //!
+//! One report skips step 1: the end of a snapshot install (which holds the
+//! actor like `PersistElection`) reaches the engine before its timers, so
+//! that the time spent installing is not taken for the leader's silence.
+//!
 //! Notifications to the FetchPurgatory, the MetadataListeners and the
 //! RequestManager go through `post`: these actors run on this arbiter, so
 //! checking that a mailbox is open and then pushing with `do_send` is exact
@@ -482,7 +486,12 @@ impl QuorumState {
                     // Like PersistElection: nothing else reaches the engine
                     // until the log has been replaced.
                     ctx.wait(wrap_future::<_, Self>(installed).map(move |result, act, ctx| {
-                        let now = act.tick();
+                        // The engine hears of the install before its timers
+                        // run: polled first, a follower whose install took
+                        // longer than the fetch timeout would give up on its
+                        // leader for time spent on its own disk. Both calls
+                        // below advance the clock and poll.
+                        let now = act.now_ms();
                         match result {
                             Ok(Ok(meta)) => {
                                 info!(?id, size_bytes = meta.size_bytes, "installed the leader's snapshot");

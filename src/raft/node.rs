@@ -601,16 +601,21 @@ impl RaftNode {
     }
 
     /// The shell carried out `InstallSnapshot(id)`: the log is now empty and
-    /// starts at `id.end_offset`.
+    /// starts at `id.end_offset`. Call it before `tick`: the fetch timeout
+    /// runs again from now, since the time the install took was this
+    /// node's own disk, not the leader's silence (the leader answered the
+    /// last chunk before the install started).
     pub fn on_snapshot_installed(&mut self, now_ms: u64, id: SnapshotId) {
         self.advance_clock(now_ms);
+        let now = self.now_ms;
         debug_assert!(!matches!(self.role, Role::Leader(_)), "a leader never loads a snapshot");
         self.log = LogView::new(id.end_offset, id.epoch, id.end_offset, Vec::new());
         self.flush_target = None;
         self.latest_snapshot = Some(id);
         if let Role::Follower(f) = &mut self.role {
             f.snapshot = None;
-            f.next_fetch_ms = now_ms;
+            f.next_fetch_ms = now;
+            f.fetch_deadline_ms = f.fetch_deadline_ms.max(now + self.config.fetch_timeout_ms);
         }
         if id.end_offset > self.high_watermark {
             self.high_watermark = id.end_offset;
@@ -648,13 +653,16 @@ impl RaftNode {
     }
 
     /// `InstallSnapshot(id)` failed (a damaged transfer): nothing changed;
-    /// the transfer starts over.
+    /// the transfer starts over. Like `on_snapshot_installed`, call it
+    /// before `tick`: the fetch timeout runs again from now.
     pub fn on_snapshot_install_failed(&mut self, now_ms: u64, id: SnapshotId) {
         self.advance_clock(now_ms);
+        let now = self.now_ms;
         tracing::warn!(?id, "installing the fetched snapshot failed; fetching it again");
         if let Role::Follower(f) = &mut self.role {
             f.snapshot = None;
-            f.next_fetch_ms = now_ms + self.config.retry_backoff_ms.max(1);
+            f.next_fetch_ms = now + self.config.retry_backoff_ms.max(1);
+            f.fetch_deadline_ms = f.fetch_deadline_ms.max(now + self.config.fetch_timeout_ms);
         }
         self.poll();
     }

@@ -1896,3 +1896,55 @@ fn a_failed_install_fetches_the_snapshot_again() {
         "{request:?}"
     );
 }
+
+/// The follower of [`follower_behind_the_log_start`] with the whole
+/// snapshot received and `InstallSnapshot` emitted at time 2.
+fn follower_installing() -> (RaftNode, SnapshotId) {
+    let mut node = follower_behind_the_log_start();
+    let id = SnapshotId {
+        end_offset: 200,
+        epoch: 4,
+    };
+    let (corr, _) = next_request(&mut node);
+    node.handle_response(2, 2, corr, chunk(0, 25, 25));
+    assert!(node.take_actions().contains(&Action::InstallSnapshot(id)));
+    (node, id)
+}
+
+#[test]
+fn an_install_slower_than_the_fetch_timeout_leaves_a_follower_that_fetches() {
+    // The time the install took was this node's own disk, not the
+    // leader's silence: the fetch timeout runs again from the install.
+    let (mut node, id) = follower_installing();
+    let fetch_timeout = node.config().fetch_timeout_ms;
+    let done = 2 + fetch_timeout + 500;
+    node.on_snapshot_installed(done, id);
+    let actions = node.take_actions();
+    assert_eq!(node.role().role, RoleKind::Follower);
+    match sent(&actions).pop() {
+        Some((2, _, RaftRequest::Fetch(f))) => assert_eq!(f.fetch_offset, 200),
+        other => panic!("expected a fetch from the snapshot's end: {other:?}"),
+    }
+    node.tick(done + fetch_timeout - 1);
+    assert_eq!(node.role().role, RoleKind::Follower);
+    node.tick(done + fetch_timeout);
+    assert_eq!(
+        node.role().role,
+        RoleKind::Prospective,
+        "a leader silent for the fetch timeout after the install is presumed gone"
+    );
+}
+
+#[test]
+fn a_failed_install_slower_than_the_fetch_timeout_leaves_a_follower_that_fetches_again() {
+    let (mut node, id) = follower_installing();
+    let done = 2 + node.config().fetch_timeout_ms + 500;
+    node.on_snapshot_install_failed(done, id);
+    assert_eq!(node.role().role, RoleKind::Follower);
+    node.tick(done + 1_000);
+    let (_, request) = next_request(&mut node);
+    assert!(
+        matches!(request, RaftRequest::Fetch(ref f) if f.fetch_offset == 10),
+        "{request:?}"
+    );
+}
