@@ -495,12 +495,19 @@ impl QuorumState {
                         match result {
                             Ok(Ok(meta)) => {
                                 info!(?id, size_bytes = meta.size_bytes, "installed the leader's snapshot");
+                                if let Err(e) = act.node.on_snapshot_installed(now, id) {
+                                    // The store replaced its log; the engine
+                                    // kept its view of the old one. A restart
+                                    // reconciles the log with the snapshot.
+                                    return act.fatal(ctx, format!("the log was replaced by an install, but {e}"));
+                                }
                                 act.snapshots.on_created(id, meta.size_bytes, now);
-                                act.node.on_snapshot_installed(now, id);
                             }
                             Ok(Err(e)) => {
                                 warn!(?id, "the fetched snapshot could not be installed: {e}");
-                                act.node.on_snapshot_install_failed(now, id);
+                                // Nothing changed on disk; an unexpected report
+                                // is logged by the engine and changes nothing.
+                                let _ = act.node.on_snapshot_install_failed(now, id);
                             }
                             Err(_) => return act.fatal(ctx, format!("the install of snapshot {id:?} was lost")),
                         }

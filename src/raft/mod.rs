@@ -25,7 +25,9 @@ pub mod vote;
 
 pub use election::ElectionState;
 pub use log_view::LogView;
-pub use node::{Action, ProposeError, Proposed, RaftConfig, RaftNode, ReadRange, RoleInfo, RoleKind};
+pub use node::{
+    Action, ProposeError, Proposed, RaftConfig, RaftNode, ReadRange, RoleInfo, RoleKind, UnexpectedInstall,
+};
 
 /// A node id (≥ 0).
 pub type NodeId = i32;

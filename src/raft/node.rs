@@ -146,6 +146,15 @@ pub enum ProposeError {
     Empty,
 }
 
+/// `on_snapshot_installed` (or `on_snapshot_install_failed`) for an install
+/// the engine is not waiting for: it changed nothing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("no install of snapshot {id:?} was pending (role {role})")]
+pub struct UnexpectedInstall {
+    pub id: SnapshotId,
+    pub role: &'static str,
+}
+
 /// What the engine asks its shell to do. See the module docs of
 /// [`crate::raft`] for the ordering contract.
 #[derive(Clone, Debug, PartialEq)]
@@ -605,10 +614,15 @@ impl RaftNode {
     /// runs again from now, since the time the install took was this
     /// node's own disk, not the leader's silence (the leader answered the
     /// last chunk before the install started).
-    pub fn on_snapshot_installed(&mut self, now_ms: u64, id: SnapshotId) {
+    ///
+    /// Only a Follower whose transfer of `id` is installing loads it (a
+    /// leader never loads a snapshot). Any other call (a stale or stray
+    /// report) is logged as an error and changes nothing; the shell, whose
+    /// store did replace its log, must not carry on with the engine's view.
+    pub fn on_snapshot_installed(&mut self, now_ms: u64, id: SnapshotId) -> Result<(), UnexpectedInstall> {
         self.advance_clock(now_ms);
         let now = self.now_ms;
-        debug_assert!(!matches!(self.role, Role::Leader(_)), "a leader never loads a snapshot");
+        self.check_install_pending(id)?;
         self.log = LogView::new(id.end_offset, id.epoch, id.end_offset, Vec::new());
         self.flush_target = None;
         self.latest_snapshot = Some(id);
@@ -622,6 +636,30 @@ impl RaftNode {
             self.actions.push(Action::HighWatermark(id.end_offset));
         }
         self.poll();
+        Ok(())
+    }
+
+    /// Ok when this node is a Follower whose transfer of `id` is installing.
+    fn check_install_pending(&self, id: SnapshotId) -> Result<(), UnexpectedInstall> {
+        match &self.role {
+            Role::Follower(FollowerState {
+                snapshot:
+                    Some(SnapshotFetch {
+                        id: fetching,
+                        installing: true,
+                        ..
+                    }),
+                ..
+            }) if *fetching == id => Ok(()),
+            role => {
+                let unexpected = UnexpectedInstall {
+                    id,
+                    role: role.kind().as_str(),
+                };
+                tracing::error!("{unexpected}; the report is ignored");
+                Err(unexpected)
+            }
+        }
     }
 
     /// Everything below `start_offset` (a batch boundary at or below the
@@ -655,9 +693,10 @@ impl RaftNode {
     /// `InstallSnapshot(id)` failed (a damaged transfer): nothing changed;
     /// the transfer starts over. Like `on_snapshot_installed`, call it
     /// before `tick`: the fetch timeout runs again from now.
-    pub fn on_snapshot_install_failed(&mut self, now_ms: u64, id: SnapshotId) {
+    pub fn on_snapshot_install_failed(&mut self, now_ms: u64, id: SnapshotId) -> Result<(), UnexpectedInstall> {
         self.advance_clock(now_ms);
         let now = self.now_ms;
+        self.check_install_pending(id)?;
         tracing::warn!(?id, "installing the fetched snapshot failed; fetching it again");
         if let Role::Follower(f) = &mut self.role {
             f.snapshot = None;
@@ -665,6 +704,7 @@ impl RaftNode {
             f.fetch_deadline_ms = f.fetch_deadline_ms.max(now + self.config.fetch_timeout_ms);
         }
         self.poll();
+        Ok(())
     }
 
     /// Graceful shutdown: a leader resigns and sends EndQuorumEpoch to the

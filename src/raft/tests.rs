@@ -1842,7 +1842,7 @@ fn a_follower_fetches_the_snapshot_in_chunks_installs_it_then_fetches_the_log() 
     node.tick(4);
     assert!(sent(&node.take_actions()).is_empty());
 
-    node.on_snapshot_installed(5, id);
+    node.on_snapshot_installed(5, id).unwrap();
     let actions = node.take_actions();
     assert_eq!((node.log().start_offset(), node.log().end_offset()), (200, 200));
     assert_eq!(node.high_watermark(), 200);
@@ -1887,7 +1887,7 @@ fn a_failed_install_fetches_the_snapshot_again() {
     let (corr, _) = next_request(&mut node);
     node.handle_response(2, 2, corr, chunk(0, 25, 25));
     node.take_actions();
-    node.on_snapshot_install_failed(3, id);
+    node.on_snapshot_install_failed(3, id).unwrap();
     assert_eq!(node.log().end_offset(), 10, "the old log is kept");
     node.tick(1_000);
     let (_, request) = next_request(&mut node);
@@ -1918,7 +1918,7 @@ fn an_install_slower_than_the_fetch_timeout_leaves_a_follower_that_fetches() {
     let (mut node, id) = follower_installing();
     let fetch_timeout = node.config().fetch_timeout_ms;
     let done = 2 + fetch_timeout + 500;
-    node.on_snapshot_installed(done, id);
+    node.on_snapshot_installed(done, id).unwrap();
     let actions = node.take_actions();
     assert_eq!(node.role().role, RoleKind::Follower);
     match sent(&actions).pop() {
@@ -1939,7 +1939,7 @@ fn an_install_slower_than_the_fetch_timeout_leaves_a_follower_that_fetches() {
 fn a_failed_install_slower_than_the_fetch_timeout_leaves_a_follower_that_fetches_again() {
     let (mut node, id) = follower_installing();
     let done = 2 + node.config().fetch_timeout_ms + 500;
-    node.on_snapshot_install_failed(done, id);
+    node.on_snapshot_install_failed(done, id).unwrap();
     assert_eq!(node.role().role, RoleKind::Follower);
     node.tick(done + 1_000);
     let (_, request) = next_request(&mut node);
@@ -1947,4 +1947,44 @@ fn a_failed_install_slower_than_the_fetch_timeout_leaves_a_follower_that_fetches
         matches!(request, RaftRequest::Fetch(ref f) if f.fetch_offset == 10),
         "{request:?}"
     );
+}
+
+#[test]
+fn an_install_nobody_asked_for_is_ignored() {
+    let stray = SnapshotId {
+        end_offset: 200,
+        epoch: 4,
+    };
+    // A leader never loads a snapshot.
+    let (mut leader, _) = leader_with_snapshot();
+    let log = leader.log().clone();
+    assert!(leader.on_snapshot_installed(1, stray).is_err());
+    assert_eq!(leader.role().role, RoleKind::Leader);
+    assert_eq!(leader.log(), &log);
+    assert_eq!(leader.latest_snapshot(), Some(SNAPSHOT));
+    assert!(leader.take_actions().is_empty());
+
+    // A follower still receiving the snapshot, or installing another one.
+    let mut receiving = follower_behind_the_log_start();
+    receiving.take_actions();
+    assert!(receiving.on_snapshot_installed(2, stray).is_err());
+    assert_eq!((receiving.log().start_offset(), receiving.log().end_offset()), (0, 10));
+    assert_eq!(receiving.latest_snapshot(), None);
+    assert!(!receiving
+        .take_actions()
+        .iter()
+        .any(|a| matches!(a, Action::HighWatermark(_))));
+    let (mut installing, id) = follower_installing();
+    let other = SnapshotId {
+        end_offset: 300,
+        epoch: 4,
+    };
+    assert!(installing.on_snapshot_installed(3, other).is_err());
+    assert!(installing.on_snapshot_install_failed(3, other).is_err());
+    assert_eq!(installing.log().end_offset(), 10);
+    assert_eq!(installing.latest_snapshot(), None);
+    // The install it waits for still completes.
+    assert_eq!(installing.on_snapshot_installed(4, id), Ok(()));
+    assert_eq!(installing.log().start_offset(), 200);
+    assert_eq!(installing.latest_snapshot(), Some(id));
 }

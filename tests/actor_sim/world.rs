@@ -465,7 +465,8 @@ impl World {
     /// a log that starts above 0 has a snapshot, the earliest snapshot
     /// never ends below the log start, and ends exactly there once the log
     /// start has moved. (The other one, "a leader never loads a snapshot",
-    /// is an assertion in the engine's `on_snapshot_installed`.)
+    /// is checked by the engine's `on_snapshot_installed`, which refuses an
+    /// install it is not waiting for; the shell then stops the node.)
     fn check_snapshot_files(&mut self) {
         for node in &self.nodes {
             let start = node.disk.start_offset();
