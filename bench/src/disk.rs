@@ -196,6 +196,47 @@ pub fn synced_appends(
     })
 }
 
+/// kraft's own durability point with nothing else around it: one batch of
+/// one `record_bytes` record appended to a fresh [`kraft::storage::SledStore`]
+/// in `dir`, then `flush` (sled's pwrite and `sync_file_range`, then
+/// kraft's `fdatasync`), one at a time for `duration`. The gap between this
+/// and a bare fdatasync is what sled costs each commit on the leader and on
+/// the follower.
+pub fn sled_appends(dir: &Path, record_bytes: usize, cpus: Cpus, duration: Duration) -> Result<SyncedAppends> {
+    use kraft::messages::{Batch, Record};
+    use kraft::storage::{LogStore, SledStore};
+    let store_dir = tempfile::Builder::new()
+        .prefix("kraft-bench-sled-")
+        .tempdir_in(dir)
+        .with_context(|| format!("cannot create a scratch directory under {}", dir.display()))?;
+    let mut store = SledStore::open(store_dir.path(), "bench", 1).context("cannot open a sled store")?;
+    let record = vec![Record::Data(vec![b'r'; record_bytes])];
+    let spinners = Spinners::start(cpus);
+    let mut histogram = new_histogram();
+    let mut appends = 0u64;
+    let start = Instant::now();
+    while start.elapsed() < duration {
+        let t = Instant::now();
+        let batch = Batch::new(store.end_offset(), 1, &record);
+        store.append(&batch).context("sled append")?;
+        store.flush().context("sled flush")?;
+        histogram.saturating_record(t.elapsed().as_micros().max(1) as u64);
+        appends += 1;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    drop(spinners);
+    Ok(SyncedAppends {
+        mode: FileMode::Growing,
+        cpus,
+        record_bytes,
+        records_per_sync: 1,
+        records_per_sec: appends as f64 / secs,
+        syncs_per_sec: appends as f64 / secs,
+        mb_per_sec: (appends * record_bytes as u64) as f64 / secs / 1e6,
+        sync_latency_ms: Latency::from_histogram(&histogram),
+    })
+}
+
 /// Round trips of a `bytes`-byte message over a loopback TCP connection
 /// (TCP_NODELAY, an echo thread on the other end).
 #[derive(Clone, Debug, Serialize)]
@@ -255,6 +296,8 @@ pub struct Probes {
     pub single: Vec<SyncedAppends>,
     /// 64 records per fdatasync: growing file, preallocated file.
     pub grouped: Vec<SyncedAppends>,
+    /// One record per append + flush through kraft's sled store.
+    pub sled: SyncedAppends,
     pub rtt: LoopbackRtt,
 }
 
@@ -280,6 +323,9 @@ pub struct MachineLimits {
     /// 2 × fdatasync p50 (leader + follower) + 2 × loopback RTT p50, busy
     /// condition.
     pub c1_floor_ms: f64,
+    /// The same with sled's flush (append + flush p50) in place of the bare
+    /// fdatasync: the floor while the log lives in sled.
+    pub c1_sled_floor_ms: f64,
 }
 
 fn probes(dir: &Path, record_bytes: usize, cpus: Cpus, duration: Duration) -> Result<Probes> {
@@ -293,6 +339,7 @@ fn probes(dir: &Path, record_bytes: usize, cpus: Cpus, duration: Duration) -> Re
         cpus,
         single: run(1)?,
         grouped: run(64)?,
+        sled: sled_appends(dir, record_bytes, cpus, duration)?,
         rtt: loopback_rtt(record_bytes, cpus, duration)?,
     })
 }
@@ -302,6 +349,7 @@ pub fn measure(dir: &Path, record_bytes: usize, duration: Duration) -> Result<Ma
     let busy = probes(dir, record_bytes, Cpus::Busy, duration)?;
     let fdatasync_p50_ms = busy.fdatasync_p50_ms();
     let rtt_p50_ms = busy.rtt.latency_ms.p50;
+    let c1_sled_floor_ms = 2.0 * busy.sled.sync_latency_ms.p50 + 2.0 * rtt_p50_ms;
     Ok(MachineLimits {
         filesystem: crate::procs::filesystem_of(dir),
         idle,
@@ -309,6 +357,7 @@ pub fn measure(dir: &Path, record_bytes: usize, duration: Duration) -> Result<Ma
         fdatasync_p50_ms,
         rtt_p50_ms,
         c1_floor_ms: 2.0 * fdatasync_p50_ms + 2.0 * rtt_p50_ms,
+        c1_sled_floor_ms,
     })
 }
 
@@ -342,6 +391,11 @@ impl MachineLimits {
                     g.sync_latency_ms.p50
                 );
             }
+            let sled = &probes.sled;
+            println!(
+                "{cpus}: {}-byte records through kraft's sled store, append + flush each: {:>8.0} records/s   p50 {:.3} ms  p99 {:.3} ms",
+                sled.record_bytes, sled.records_per_sec, sled.sync_latency_ms.p50, sled.sync_latency_ms.p99
+            );
             let rtt = &probes.rtt;
             println!(
                 "{cpus}: loopback TCP round trip ({} B ping-pong, TCP_NODELAY): p50 {:.3} ms  p99 {:.3} ms  ({} round trips)",
@@ -354,6 +408,10 @@ impl MachineLimits {
         );
         let idle_floor = 2.0 * self.idle.fdatasync_p50_ms() + 2.0 * self.idle.rtt.latency_ms.p50;
         println!("  (the same with the CPUs idle: {idle_floor:.3} ms)");
+        println!(
+            "the same floor with sled's flush in place of the bare fdatasync (CPUs busy): 2 x {:.3} ms + 2 x {:.3} ms = {:.3} ms",
+            self.busy.sled.sync_latency_ms.p50, self.rtt_p50_ms, self.c1_sled_floor_ms
+        );
     }
 }
 
@@ -377,6 +435,19 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn sled_appends_write_and_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let result = sled_appends(dir.path(), 100, Cpus::Idle, Duration::from_millis(100)).unwrap();
+        assert!(result.records_per_sec > 0.0);
+        assert!(result.sync_latency_ms.p50 > 0.0);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "scratch store removed"
+        );
     }
 
     #[test]

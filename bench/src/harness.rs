@@ -204,6 +204,11 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
             "\nkraft C=1 p50 {p50:.3} ms = {ratio:.2} x the physical floor ({:.3} ms, from the probe at the start)",
             limits.c1_floor_ms
         );
+        println!(
+            "kraft C=1 p50 {p50:.3} ms = {:.2} x the floor with sled's flush ({:.3} ms, same probe)",
+            p50 / limits.c1_sled_floor_ms,
+            limits.c1_sled_floor_ms
+        );
         if let Some(fsync) = point.fdatasync_p50_ms_before {
             let floor = 2.0 * fsync + 2.0 * limits.rtt_p50_ms;
             println!(
