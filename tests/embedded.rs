@@ -848,3 +848,45 @@ async fn a_log_that_disagrees_with_the_newest_snapshot_at_its_end_restarts_at_th
     );
     node.shutdown().await;
 }
+
+/// A failed read only delays the listener that asked for it: here the
+/// snapshot below the log start is damaged when a listener first reads
+/// through it. The listener retries with a backoff and, once the file is
+/// whole again, gets every record, in order; the node stays healthy.
+#[actix_rt::test]
+async fn a_listener_whose_read_failed_retries_and_catches_up() {
+    init_tracing();
+    let ports = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+    let node = node::start(single_node_config(&ports, dir.path(), true)).await.unwrap();
+    agreed_leader(&[Some(node.clone())], 0).await;
+    for i in 0..5 {
+        node.append(vec![data(&format!("before {i}"))]).await.unwrap();
+    }
+    let snapshot = node.create_snapshot().await.unwrap();
+    eventually("the log to be compacted", || async {
+        let status = node.describe().await.ok()?;
+        (status.log_start_offset == snapshot.end_offset).then_some(())
+    })
+    .await;
+    let path = kraft::storage::snapshot::path_of(
+        dir.path(),
+        kraft::messages::SnapshotId {
+            end_offset: snapshot.end_offset,
+            epoch: snapshot.epoch,
+        },
+    );
+    let whole = std::fs::read(&path).unwrap();
+    damage_snapshot(dir.path(), snapshot.end_offset, snapshot.epoch);
+    let seen = register_collector(&node).await;
+    // Give the listener's first read the time to fail.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(&path, &whole).unwrap();
+    let last = node.append(vec![data("after")]).await.unwrap().last_offset;
+    let delivered = seen_through(&seen, last).await;
+    let offsets: Vec<Offset> = delivered.iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, (0..=last).collect::<Vec<_>>(), "every record once, in order");
+    assert_eq!(data_values(&delivered).len(), 6);
+    assert!(!node.is_stopped());
+    node.shutdown().await;
+}

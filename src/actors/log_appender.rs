@@ -20,7 +20,8 @@
 //! logs it with `error!`, reports [`StorageEvent::Failed`] and exits; every
 //! later command fails with [`AppenderError::Stopped`] and pending replies
 //! are dropped (their receivers see the error). Nothing is swallowed. A
-//! failed read only fails its reader.
+//! failed read only fails its reader, which is answered with the error
+//! ([`ReadResult`]): a dropped reply always means the thread has stopped.
 //!
 //! Reads below the log start are answered from the newest snapshot, which
 //! holds every record below its end with its offset; the snapshot files
@@ -139,6 +140,10 @@ pub enum AppenderError {
     Overloaded(usize),
 }
 
+/// The answer to [`LogAppender::read`]: the batches, or why the read failed
+/// (the storage thread keeps running; the reader may retry).
+pub type ReadResult = Result<Vec<Batch>, String>;
+
 enum Command {
     Append(Batch),
     Truncate(Offset),
@@ -148,7 +153,7 @@ enum Command {
         from: Offset,
         until: Offset,
         max_bytes: usize,
-        reply: oneshot::Sender<Vec<Batch>>,
+        reply: oneshot::Sender<ReadResult>,
     },
     SetHighWatermarkHint(Offset),
     Shutdown(oneshot::Sender<()>),
@@ -553,13 +558,14 @@ impl LogAppender {
 
     /// Reads the batches holding `[from, until)` (at most about `max_bytes`,
     /// at least one batch), after every command sent before it. The answer
-    /// does not wait for a flush.
+    /// does not wait for a flush. A read that fails is answered with the
+    /// error; the receiver fails only if the storage thread has stopped.
     pub fn read(
         &self,
         from: Offset,
         until: Offset,
         max_bytes: usize,
-    ) -> Result<oneshot::Receiver<Vec<Batch>>, AppenderError> {
+    ) -> Result<oneshot::Receiver<ReadResult>, AppenderError> {
         let (reply, rx) = oneshot::channel();
         self.push(Command::Read {
             from,
@@ -766,18 +772,20 @@ impl StorageThread {
                     max_bytes,
                     reply,
                 } => {
-                    // A read that fails is answered by dropping the reply
-                    // (the reader sees the error); it never stops the node.
+                    // A read that fails is answered with the error (the
+                    // reader decides whether to retry); it never stops the
+                    // node.
                     let start = self.store.start_offset();
                     let read = if from < start {
                         self.snapshots.read_below(from, until.min(start), max_bytes)
                     } else {
                         self.store.read(from, until, max_bytes).map_err(|e| e.to_string())
                     };
-                    match read {
-                        Ok(batches) => drop(reply.send(batches)),
-                        Err(e) => warn!("read of [{from}, {until}) failed: {e}"),
+                    if let Err(e) = &read {
+                        warn!("read of [{from}, {until}) failed: {e}");
                     }
+                    // A closed receiver means the reader went away.
+                    let _ = reply.send(read);
                 }
                 Command::SetHighWatermarkHint(hw) => {
                     check(&self.events, self.store.set_high_watermark_hint(hw), || {
@@ -979,7 +987,7 @@ mod tests {
         appender.append(batch(0, 1, 2)).unwrap();
         appender.append(batch(2, 1, 1)).unwrap();
         let read = appender.read(0, 3, 1 << 20).unwrap();
-        let batches = block_on(read).unwrap();
+        let batches = block_on(read).unwrap().unwrap();
         assert_eq!(batches.iter().map(|b| b.base_offset).collect::<Vec<_>>(), vec![0, 2]);
         assert_eq!(flushes.load(Ordering::SeqCst), 0, "a read does not wait for a flush");
 
@@ -994,7 +1002,7 @@ mod tests {
                 mutations: 4
             }
         );
-        let batches = block_on(appender.read(2, 5, 1 << 20).unwrap()).unwrap();
+        let batches = block_on(appender.read(2, 5, 1 << 20).unwrap()).unwrap().unwrap();
         assert_eq!(batches.len(), 1);
         assert_eq!(
             batches[0].epoch, 2,
@@ -1071,6 +1079,26 @@ mod tests {
         thread.join().unwrap();
         assert_eq!(appender.flush(), Err(AppenderError::Stopped));
         assert!(block_on(events_rx.recv()).is_none(), "the thread is gone");
+    }
+
+    #[test]
+    fn a_failed_read_is_answered_with_its_error_and_the_thread_keeps_running() {
+        let (store, _) = store();
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), None, events).unwrap();
+        appender.append(batch(0, 1, 2)).unwrap();
+        appender.append(batch(2, 1, 1)).unwrap();
+        appender.flush().unwrap();
+        block_on(events_rx.recv()).unwrap();
+        appender.delete_before(2).unwrap();
+        // Below the log start, and this node keeps no snapshot files.
+        let failed = block_on(appender.read(0, 2, 1 << 20).unwrap()).expect("answered, not dropped");
+        let error = failed.expect_err("nothing holds offset 0");
+        assert!(error.contains("no snapshot files"), "{error}");
+        let batches = block_on(appender.read(2, 3, 1 << 20).unwrap()).unwrap().unwrap();
+        assert_eq!(batches[0].base_offset, 2, "the thread still serves reads");
+        block_on(appender.shutdown().unwrap()).unwrap();
+        thread.join().unwrap();
     }
 
     #[test]

@@ -17,6 +17,15 @@
 //! batch at an offset that is now below the high watermark). Reads never
 //! block this actor: the reply arrives on a oneshot.
 //!
+//! A read that fails (the storage thread answers it with the error: say a
+//! snapshot file below the log start is damaged or unreadable for a while)
+//! is retried for that listener alone, after a backoff that starts at
+//! [`READ_RETRY_INITIAL_MS`] and doubles up to [`READ_RETRY_MAX_MS`], with a
+//! warning each time; the node itself is healthy. Delivery to a listener
+//! stops for good only when a committed record does not decode (retrying
+//! cannot fix that) or the storage thread has stopped (the node is
+//! stopping).
+//!
 //! [`LeaderChanged`] follows Kafka's `ListenerContext.maybeFireLeaderChange`:
 //! for a leader other than this node it is delivered when the role change is
 //! seen; for this node's own leadership only once the listener's record
@@ -40,6 +49,11 @@ use crate::raft::{Epoch, NodeId, Offset, RoleInfo, RoleKind};
 pub const MAX_DELIVERY_BYTES: usize = 1024 * 1024;
 /// Wait before retrying a read the storage thread had no room for.
 const OVERLOAD_RETRY_MS: u64 = 20;
+/// Wait before retrying a read that failed; doubled after every failure
+/// in a row, up to [`READ_RETRY_MAX_MS`].
+pub const READ_RETRY_INITIAL_MS: u64 = 100;
+/// Longest wait between two retries of a failing read.
+pub const READ_RETRY_MAX_MS: u64 = 5_000;
 /// Most listeners registered at once.
 pub const MAX_LISTENERS: usize = 1024;
 
@@ -74,8 +88,22 @@ struct ListenerState {
     last_leader: Option<(Epoch, Option<NodeId>)>,
     /// A LeaderChanged to deliver before any more records.
     pending_leader: Option<LeaderChanged>,
-    /// Delivery failed for a reason that retrying cannot fix.
+    /// The wait before the last retry of a failed read; 0 once a delivery
+    /// succeeds. At most [`READ_RETRY_MAX_MS`].
+    read_retry_ms: u64,
+    /// Delivery stopped for good: a committed record does not decode, or
+    /// the storage thread has stopped.
     stalled: bool,
+}
+
+/// The wait before the next retry of a read that failed, after a wait of
+/// `last_ms` (0: the first failure in a row).
+fn next_read_retry_ms(last_ms: u64) -> u64 {
+    if last_ms == 0 {
+        READ_RETRY_INITIAL_MS
+    } else {
+        last_ms.saturating_mul(2).min(READ_RETRY_MAX_MS)
+    }
 }
 
 impl ListenerState {
@@ -160,7 +188,8 @@ impl MetadataListeners {
             Ok(reply) => {
                 state.busy = true;
                 ctx.spawn(reply.into_actor(self).map(move |result, act, ctx| match result {
-                    Ok(batches) => act.on_read(id, from, high_watermark, batches, ctx),
+                    Ok(Ok(batches)) => act.on_read(id, from, high_watermark, batches, ctx),
+                    Ok(Err(e)) => act.retry_later(id, format!("reading [{from}, {high_watermark}) failed: {e}"), ctx),
                     Err(_) => {
                         // The storage thread stopped; it reported why to
                         // QuorumState, which stops the node.
@@ -188,6 +217,30 @@ impl MetadataListeners {
                 state.stalled = true;
             }
         }
+    }
+
+    /// Delivery to listener `id` could not go on for now: warn, and pump it
+    /// again after the next backoff.
+    fn retry_later(&mut self, id: u64, why: String, ctx: &mut Context<Self>) {
+        let Some(state) = self.listeners.get_mut(&id) else {
+            return;
+        };
+        let delay_ms = next_read_retry_ms(state.read_retry_ms);
+        state.read_retry_ms = delay_ms;
+        warn!(
+            listener = id,
+            cursor = state.cursor,
+            retry_in_ms = delay_ms,
+            "{why}; delivery to this listener is retried"
+        );
+        // Busy until the retry: nothing else starts a read for it meanwhile.
+        state.busy = true;
+        ctx.run_later(Duration::from_millis(delay_ms), move |act, ctx| {
+            if let Some(state) = act.listeners.get_mut(&id) {
+                state.busy = false;
+            }
+            act.pump(id, ctx);
+        });
     }
 
     fn on_read(
@@ -228,13 +281,11 @@ impl MetadataListeners {
                     break;
                 }
                 if offset != expected {
-                    error!(
-                        listener = id,
-                        expected, offset, "gap in the committed log; delivery to this listener stops"
-                    );
-                    state.busy = false;
-                    state.stalled = true;
-                    return;
+                    // Reads are ordered with the log's writes, so this is a
+                    // bug rather than a race; retrying (with the backoff)
+                    // keeps it loud and lets it heal if it was transient.
+                    error!(listener = id, expected, offset, "gap in the committed log");
+                    return self.retry_later(id, format!("the read from {from} skipped to {offset}"), ctx);
                 }
                 if let Record::LeaderChange { leader_id, .. } = &record {
                     if Some(batch.epoch) == current_epoch {
@@ -253,16 +304,12 @@ impl MetadataListeners {
             }
         }
         if records.is_empty() {
-            // The store returned nothing for a committed range: a bug, not a
-            // transient state. Retrying would spin.
-            error!(
-                listener = id,
-                from, until, "no committed records could be read; delivery to this listener stops"
-            );
-            state.busy = false;
-            state.stalled = true;
-            return;
+            // The store returned nothing for a committed range: a bug, like
+            // a gap; retried with the backoff, never in a spin.
+            error!(listener = id, from, until, "no committed records could be read");
+            return self.retry_later(id, format!("the read of [{from}, {until}) returned nothing"), ctx);
         }
+        state.read_retry_ms = 0;
         let next = expected;
         let message = Committed {
             records,
@@ -330,6 +377,7 @@ impl Handler<RegisterListener> for MetadataListeners {
                 busy: false,
                 last_leader: None,
                 pending_leader: None,
+                read_retry_ms: 0,
                 stalled: false,
             },
         );
@@ -381,5 +429,21 @@ impl Handler<StopListeners> for MetadataListeners {
     fn handle(&mut self, _msg: StopListeners, ctx: &mut Self::Context) {
         self.listeners.clear();
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_reads_are_retried_after_a_backoff_that_doubles_up_to_a_bound() {
+        let mut waits = Vec::new();
+        let mut last = 0;
+        for _ in 0..8 {
+            last = next_read_retry_ms(last);
+            waits.push(last);
+        }
+        assert_eq!(waits, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
     }
 }

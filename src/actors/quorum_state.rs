@@ -43,11 +43,13 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 use crate::actors::fetch_purgatory::{self, FetchPurgatory, HighWatermarkAdvanced, Register, RoleUpdate};
-use crate::actors::log_appender::{LogAppender, StorageEvent};
+use crate::actors::log_appender::{LogAppender, ReadResult, StorageEvent};
 use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, MetadataListeners};
 use crate::actors::snapshot_policy::SnapshotPolicy;
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
-use crate::messages::{AppendRequest, AppendResponse, Batch, ErrorCode, RaftRequest, RaftResponse, Record, SnapshotId};
+use crate::messages::{
+    AppendRequest, AppendResponse, Batch, ErrorCode, FetchResponse, RaftRequest, RaftResponse, Record, SnapshotId,
+};
 use crate::node::{AppendError, Appended, LogEntry, LogPage, MetricsSnapshot, NodeError, QuorumStatus, ReplicaStatus};
 use crate::raft::{Action, NodeId, Offset, ProposeError, Proposed, RaftNode, RoleInfo, RoleKind};
 
@@ -404,7 +406,7 @@ impl QuorumState {
                 },
                 Action::RespondFetch {
                     request_id,
-                    mut response,
+                    response,
                     read,
                     ..
                 } => {
@@ -426,12 +428,12 @@ impl QuorumState {
                     };
                     let fetched = self.metrics.fetch_records_total.clone();
                     actix::spawn(async move {
-                        // An error here means the storage thread failed; it
+                        // A dropped reply means the storage thread failed; it
                         // reported that itself and the node is stopping.
-                        if let Ok(batches) = batches.await {
-                            let records: u64 = batches.iter().map(|b| b.record_count as u64).sum();
+                        if let Ok(read) = batches.await {
+                            let response = complete_fetch(response, read);
+                            let records: u64 = response.batches.iter().map(|b| b.record_count as u64).sum();
                             fetched.fetch_add(records, Ordering::Relaxed);
-                            response.batches = batches;
                             let _ = reply.send(RaftResponse::Fetch(response));
                         }
                     });
@@ -1225,7 +1227,8 @@ impl Handler<ReadCommitted> for QuorumState {
                 .await
                 .ok()
                 .and_then(Result::ok)
-                .ok_or_else(|| NodeError("the storage thread stopped".into()))?;
+                .ok_or_else(|| NodeError("the storage thread stopped".into()))?
+                .map_err(|e| NodeError(format!("cannot read the log: {e}")))?;
             let records = committed_entries(&batches, from, high_watermark, max)?;
             Ok(LogPage {
                 high_watermark,
@@ -1234,6 +1237,22 @@ impl Handler<ReadCommitted> for QuorumState {
             })
         })
     }
+}
+
+/// A fetch answer once its read is done: the batches read, or, when the
+/// read failed, none and Kafka's KAFKA_STORAGE_ERROR, which the follower
+/// retries after its backoff (rather than waiting out its request timeout
+/// for an answer that never comes).
+fn complete_fetch(mut response: FetchResponse, read: ReadResult) -> FetchResponse {
+    match read {
+        Ok(batches) => response.batches = batches,
+        Err(e) => {
+            warn!("a fetch is answered with a storage error: {e}");
+            response.error = ErrorCode::KafkaStorageError;
+            response.batches = Vec::new();
+        }
+    }
+    response
 }
 
 /// The records of `batches` in `[from, until)`, at most `max`, contiguous
@@ -1515,6 +1534,31 @@ mod tests {
         assert_eq!(some[0].offset, 2);
         let below_hw = committed_entries(&[b0, b1], 0, 2, 100).unwrap();
         assert_eq!(below_hw.len(), 2);
+    }
+
+    #[test]
+    fn a_fetch_whose_read_failed_is_answered_with_a_storage_error() {
+        let response = FetchResponse {
+            error: ErrorCode::None,
+            epoch: 3,
+            leader_id: Some(1),
+            high_watermark: 10,
+            log_start_offset: 0,
+            diverging_epoch: None,
+            snapshot_id: None,
+            batches: Vec::new(),
+        };
+        let batch = Batch::new(4, 3, &[Record::NoOp]);
+        let read = complete_fetch(response.clone(), Ok(vec![batch.clone()]));
+        assert_eq!((read.error, read.batches), (ErrorCode::None, vec![batch]));
+        let failed = complete_fetch(response.clone(), Err("disk on fire".to_string()));
+        assert_eq!(
+            failed,
+            FetchResponse {
+                error: ErrorCode::KafkaStorageError,
+                ..response
+            }
+        );
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub enum ErrorCode {
     SnapshotNotFound,
     /// A FetchSnapshot position past the snapshot's size.
     PositionOutOfRange,
+    /// The receiver could not read its log to answer (Kafka's
+    /// KAFKA_STORAGE_ERROR); the sender retries after its backoff.
+    KafkaStorageError,
 }
 
 /// (exclusive end offset, epoch) of a snapshot (KIP-630).
