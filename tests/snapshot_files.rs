@@ -431,6 +431,47 @@ fn remove_partial_and_delete() {
 }
 
 #[test]
+fn seek_lands_close_below_any_offset_without_reading_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // 40,000 records of 100 bytes in batches of 7: about 4 MiB.
+    let n = 40_000;
+    let (meta, records) = write_snapshot(dir.path(), n, 3, 7, 100);
+    let reader = SnapshotReader::open(&meta.path).unwrap();
+    for from in [0, 1, 6, 7, 8, 12_345, 20_000, 39_999, 39_998, 3, 25_000] {
+        let (cursor, base) = reader.seek(from);
+        assert!(
+            base < from || cursor == reader.batches().cursor(),
+            "{from}: base {base}"
+        );
+        let mut batches = reader.batches_from(cursor);
+        let holder = loop {
+            let at = batches.cursor();
+            let batch = batches.next().expect("a batch holds it").unwrap();
+            if batch.next_offset() > from {
+                break (at, batch);
+            }
+        };
+        let (at, batch) = holder;
+        assert!(batch.base_offset <= from, "{from}: {batch:?}");
+        assert_eq!(
+            batch.records().unwrap()[(from - batch.base_offset) as usize],
+            records[from as usize]
+        );
+        // A frame here is under 1 KiB: the scan is short, whatever `from`.
+        let scanned = at.position() - cursor.position();
+        assert!(
+            scanned <= snapshot::SEEK_INDEX_INTERVAL_BYTES + 1024,
+            "{from}: scanned {scanned} bytes"
+        );
+    }
+    // Past the last record: a cursor from which nothing holds it.
+    let (cursor, _) = reader.seek(n as i64 + 5);
+    assert!(reader
+        .batches_from(cursor)
+        .all(|b| b.unwrap().next_offset() <= n as i64 + 5));
+}
+
+#[test]
 fn read_chunk_serves_the_file_in_pieces() {
     let dir = tempfile::tempdir().unwrap();
     let (meta, _) = write_snapshot(dir.path(), 1000, 2, 50, 30);

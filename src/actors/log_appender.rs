@@ -199,10 +199,14 @@ struct SnapshotFiles {
     installing: Option<SnapshotInstaller>,
     /// The newest snapshot: it holds every record below the log start.
     latest: Option<SnapshotId>,
-    /// Where the last read below the log start stopped in `latest`: its
-    /// reader, the cursor and the base offset of the batch there (reads
-    /// resume sequentially instead of scanning the file again).
+    /// The newest snapshot opened (validated once) for reads below the log
+    /// start, with where the last of those stopped: the cursor and the base
+    /// offset of the batch there (a read from there on resumes, any other
+    /// seeks with the reader's index; neither scans the file again).
     below: Option<(SnapshotReader, BatchCursor, Offset)>,
+    /// Snapshot files opened (each open validates the whole file) to read
+    /// below the log start.
+    validations: u64,
 }
 
 impl SnapshotFiles {
@@ -213,6 +217,7 @@ impl SnapshotFiles {
             installing: None,
             latest: None,
             below: None,
+            validations: 0,
         }
     }
 
@@ -333,9 +338,16 @@ impl SnapshotFiles {
 
     /// Batches holding `[from, until)` from the newest snapshot (every
     /// record below the log start is in it, with its offset).
+    ///
+    /// The snapshot is opened, and so validated, once: the file never
+    /// changes. A read starts where the previous one stopped when that is
+    /// at or below `from` (a listener reading on), else at the reader's
+    /// seek sample below `from` (another reader, or one going back), so it
+    /// costs the distance it reads, not a pass over the whole file.
     fn read_below(&mut self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>, String> {
-        let reusable = matches!(&self.below, Some((r, _, base)) if Some(r.id()) == self.latest && *base <= from);
-        if !reusable {
+        let open = matches!(&self.below, Some((r, _, _)) if Some(r.id()) == self.latest);
+        if !open {
+            self.validations += 1;
             let dir = self.dir()?;
             let reader = match self.latest {
                 Some(id) => SnapshotReader::open(&snapshot::path_of(dir, id)).map_err(|e| e.to_string())?,
@@ -349,29 +361,54 @@ impl SnapshotFiles {
             self.below = Some((reader, cursor, 0));
         }
         let (reader, cursor, base) = self.below.as_mut().expect("set above");
-        let mut batches = reader.batches_from(*cursor);
-        let mut found = Vec::new();
-        let mut bytes = 0;
-        loop {
-            let at = batches.cursor();
-            let Some(batch) = batches.next() else { break };
-            let batch = batch.map_err(|e| e.to_string())?;
-            if batch.base_offset >= until || (!found.is_empty() && bytes >= max_bytes) {
-                // Resume at this batch next time.
-                (*cursor, *base) = (at, batch.base_offset);
-                break;
-            }
-            (*cursor, *base) = (batches.cursor(), batch.next_offset());
-            if batch.next_offset() > from {
-                bytes += batch.size_bytes();
-                found.push(batch);
-            }
+        let (sampled, sampled_base) = reader.seek(from);
+        if *base > from || sampled.position() > cursor.position() {
+            (*cursor, *base) = (sampled, sampled_base);
         }
-        if found.is_empty() && from < until {
-            return Err(format!("the newest snapshot holds nothing at offset {from}"));
+        let read = read_batches(reader, cursor, base, from, until, max_bytes);
+        if read.is_err() {
+            // The file changed after it was validated: validate it again
+            // next time rather than trust anything read from it.
+            self.below = None;
         }
-        Ok(found)
+        read
     }
+}
+
+/// The batches of `reader` holding `[from, until)` (at most about
+/// `max_bytes`), scanning from `cursor`, which stands at a batch whose base
+/// offset `base` is at or below `from`; both are left where the next
+/// sequential read resumes.
+fn read_batches(
+    reader: &SnapshotReader,
+    cursor: &mut BatchCursor,
+    base: &mut Offset,
+    from: Offset,
+    until: Offset,
+    max_bytes: usize,
+) -> Result<Vec<Batch>, String> {
+    let mut batches = reader.batches_from(*cursor);
+    let mut found = Vec::new();
+    let mut bytes = 0;
+    loop {
+        let at = batches.cursor();
+        let Some(batch) = batches.next() else { break };
+        let batch = batch.map_err(|e| e.to_string())?;
+        if batch.base_offset >= until || (!found.is_empty() && bytes >= max_bytes) {
+            // Resume at this batch next time.
+            (*cursor, *base) = (at, batch.base_offset);
+            break;
+        }
+        (*cursor, *base) = (batches.cursor(), batch.next_offset());
+        if batch.next_offset() > from {
+            bytes += batch.size_bytes();
+            found.push(batch);
+        }
+    }
+    if found.is_empty() && from < until {
+        return Err(format!("the newest snapshot holds nothing at offset {from}"));
+    }
+    Ok(found)
 }
 
 fn copy_batch(writer: &mut SnapshotWriter, batch: &Batch) -> Result<(), String> {
@@ -1099,6 +1136,75 @@ mod tests {
         assert_eq!(batches[0].base_offset, 2, "the thread still serves reads");
         block_on(appender.shutdown().unwrap()).unwrap();
         thread.join().unwrap();
+    }
+
+    /// A snapshot of `n` offsets in batches of 2 records, each record
+    /// holding its own offset (about 100 bytes).
+    fn snapshot_of(dir: &std::path::Path, n: Offset) -> SnapshotId {
+        let id = SnapshotId {
+            end_offset: n,
+            epoch: 1,
+        };
+        let mut writer = SnapshotWriter::create(dir, id, 0).unwrap();
+        for base in (0..n).step_by(2) {
+            let records: Vec<Record> = (base..(base + 2).min(n)).map(record_at).collect();
+            writer.append(base, 1, &records).unwrap();
+        }
+        writer.freeze().unwrap();
+        id
+    }
+
+    fn record_at(offset: Offset) -> Record {
+        Record::Data(offset.to_be_bytes().repeat(12))
+    }
+
+    /// Checks that `batches` hold `from` first and are contiguous, with the
+    /// right records; returns the offset after them.
+    fn check_read(batches: &[Batch], from: Offset) -> Offset {
+        let first = batches.first().expect("at least one batch");
+        assert!(
+            first.base_offset <= from && from < first.next_offset(),
+            "read from {from}: {first:?}"
+        );
+        let mut next = first.base_offset;
+        for batch in batches {
+            assert_eq!(batch.base_offset, next, "contiguous");
+            let expected: Vec<Record> = (next..batch.next_offset()).map(record_at).collect();
+            assert_eq!(batch.records().unwrap(), expected);
+            next = batch.next_offset();
+        }
+        next
+    }
+
+    #[test]
+    fn alternating_readers_below_the_log_start_validate_the_snapshot_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let end = 6_000;
+        let id = snapshot_of(dir.path(), end);
+        let mut files = SnapshotFiles::new(Some(dir.path().to_path_buf()));
+        files.use_latest(id);
+        // Two listeners from offset 0, the second one starting later, take
+        // turns reading pages of about 4 KiB: each read goes back to where
+        // the other one stopped.
+        let mut cursors: [Offset; 2] = [0, 0];
+        let mut reads = 0;
+        while cursors.iter().any(|c| *c < end) {
+            for (i, cursor) in cursors.iter_mut().enumerate() {
+                if *cursor >= end || (i == 1 && reads < 10) {
+                    continue;
+                }
+                let batches = files.read_below(*cursor, end, 4096).unwrap();
+                *cursor = check_read(&batches, *cursor);
+                reads += 1;
+            }
+        }
+        assert!(reads > 200, "{reads} reads");
+        // And reads anywhere, backwards too, including inside a batch.
+        for from in [5_999, 1, 3_001, 0, 4_096, 2_047, 5_000, 17] {
+            let batches = files.read_below(from, end, 1).unwrap();
+            check_read(&batches, from);
+        }
+        assert_eq!(files.validations, 1, "the snapshot is validated once, not per read");
     }
 
     #[test]

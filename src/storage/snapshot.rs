@@ -59,6 +59,9 @@
 //! [`SnapshotError::Corrupt`] naming the file and what is wrong (with the
 //! byte position where there is one). No input makes the reader panic, and
 //! memory use is bounded by one frame ([`MAX_FRAME_BYTES`]) and its records.
+//! The same pass samples a seek index (a data batch at most every
+//! [`SEEK_INDEX_INTERVAL_BYTES`] of file), so that a reader can start near
+//! any offset ([`SnapshotReader::seek`]) without another pass.
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -92,6 +95,11 @@ pub const PREFIX_BYTES: u64 = 24;
 pub const TRAILER_BYTES: u64 = 16;
 /// Largest frame (one encoded batch), the same limit the log applies.
 pub const MAX_FRAME_BYTES: usize = MAX_STORED_BATCH_BYTES;
+
+/// Most bytes of file between two entries of a reader's seek index
+/// ([`SnapshotReader::seek`]): a seek reads at most about this much before
+/// the batch it looks for, and the index of a 1 GiB file has 16 Ki entries.
+pub const SEEK_INDEX_INTERVAL_BYTES: u64 = 64 * 1024;
 
 /// Length prefix of a frame.
 const FRAME_HEADER_BYTES: u64 = 4;
@@ -612,6 +620,29 @@ impl SnapshotReader {
         }
     }
 
+    /// Where to start reading the data batches to find `offset`, without
+    /// reading the file: the cursor at a batch whose base offset is below
+    /// `offset` (or at the first data batch), with that base offset. From
+    /// there, the batch holding `offset` (if any) is reached after at most
+    /// about [`SEEK_INDEX_INTERVAL_BYTES`] of file, plus a batch. The index
+    /// it uses was sampled while `open` validated the file.
+    pub fn seek(&self, offset: Offset) -> (BatchCursor, Offset) {
+        let index = &self.layout.seek_index;
+        // The last sample strictly below `offset`: batches may share a base
+        // offset, and the first of those must not be skipped.
+        let at = index.partition_point(|s| s.base_offset < offset).saturating_sub(1);
+        match index.get(at) {
+            Some(sample) => (
+                BatchCursor {
+                    pos: sample.pos,
+                    remaining: self.layout.batch_count - sample.ordinal,
+                },
+                sample.base_offset,
+            ),
+            None => (self.batches().cursor(), 0),
+        }
+    }
+
     /// Up to `max_bytes` (at most [`MAX_CHUNK_BYTES`]) of the file from
     /// `position`, for a FetchSnapshot response; empty at the end. A
     /// position past the end is refused.
@@ -659,6 +690,13 @@ impl fmt::Debug for Batches<'_> {
             .field("pos", &self.pos)
             .field("remaining", &self.remaining)
             .finish()
+    }
+}
+
+impl BatchCursor {
+    /// The file position of the batch it stands at.
+    pub fn position(&self) -> u64 {
+        self.pos
     }
 }
 
@@ -943,6 +981,19 @@ struct Layout {
     batch_count: u64,
     record_count: u64,
     size_bytes: u64,
+    /// Data batches sampled at most every [`SEEK_INDEX_INTERVAL_BYTES`] of
+    /// file, the first one always; ascending in position.
+    seek_index: Vec<SeekSample>,
+}
+
+/// A data batch in a [`Layout`]'s seek index.
+#[derive(Clone, Copy, Debug)]
+struct SeekSample {
+    base_offset: Offset,
+    /// File position of its frame.
+    pos: u64,
+    /// Data batches before it.
+    ordinal: u64,
 }
 
 /// Reads and checks the whole file; `expected` is the id its name says.
@@ -1009,6 +1060,7 @@ fn validate(file: &File, path: &Path, expected: SnapshotId) -> Result<Layout> {
     let mut frame = Vec::new();
     let mut pos = PREFIX_BYTES;
     let mut index = 0u64;
+    let mut seek_index = Vec::new();
     while pos < frames_end {
         let left = frames_end - pos;
         if left < FRAME_HEADER_BYTES {
@@ -1037,6 +1089,18 @@ fn validate(file: &File, path: &Path, expected: SnapshotId) -> Result<Layout> {
         }
         let next = pos + FRAME_HEADER_BYTES + len;
         check.batch(index, pos, next, next == frames_end, &batch);
+        let data_batch = index > 0 && next != frames_end;
+        if data_batch
+            && seek_index
+                .last()
+                .is_none_or(|s: &SeekSample| pos - s.pos >= SEEK_INDEX_INTERVAL_BYTES)
+        {
+            seek_index.push(SeekSample {
+                base_offset: batch.base_offset,
+                pos,
+                ordinal: index - 1,
+            });
+        }
         pos = next;
         index += 1;
     }
@@ -1069,6 +1133,7 @@ fn validate(file: &File, path: &Path, expected: SnapshotId) -> Result<Layout> {
         batch_count: check.batch_count,
         record_count: check.record_count,
         size_bytes: size,
+        seek_index,
     })
 }
 
