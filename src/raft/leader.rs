@@ -14,6 +14,11 @@ pub struct ReplicaState {
     pub end_offset: Option<Offset>,
     pub last_fetch_ms: Option<u64>,
     pub last_caught_up_ms: Option<u64>,
+    /// The high watermark in the last fetch answer it was sent. A fetch
+    /// that finds the high watermark past it is answered at once, so a
+    /// replica whose own fetch did not move the high watermark (the other
+    /// follower's did) learns it now, not when its fetch's wait runs out.
+    pub high_watermark_sent: Offset,
 }
 
 #[derive(Clone, Debug)]
@@ -89,6 +94,18 @@ impl LeaderState {
         }
         self.record_alive(replica, now_ms, check_quorum_ms, majority);
         is_voter
+    }
+
+    /// What this leader knows of `replica` (a voter or a tracked observer).
+    pub fn replica(&self, replica: NodeId) -> Option<&ReplicaState> {
+        self.voters.get(&replica).or_else(|| self.observers.get(&replica))
+    }
+
+    pub fn replica_mut(&mut self, replica: NodeId) -> Option<&mut ReplicaState> {
+        match self.voters.get_mut(&replica) {
+            Some(state) => Some(state),
+            None => self.observers.get_mut(&replica),
+        }
     }
 
     /// A voter was heard from (a Fetch or a FetchSnapshot): it counts toward

@@ -1791,6 +1791,7 @@ impl RaftNode {
             unreachable!()
         };
         let is_voter = leader.record_fetch(replica, req.fetch_offset, end, now, check_quorum_ms, majority);
+        let told = leader.replica(replica).map_or(0, |r| r.high_watermark_sent);
         let hw_before = self.high_watermark;
         if is_voter {
             self.maybe_advance_leader_high_watermark();
@@ -1807,7 +1808,8 @@ impl RaftNode {
             max_bytes: req.max_bytes,
             deadline_ms: now + req.max_wait_ms.min(self.config.fetch_max_wait_ms),
         };
-        if req.fetch_offset < end || self.high_watermark != hw_before || req.max_wait_ms == 0 {
+        let stale = told < self.high_watermark;
+        if req.fetch_offset < end || self.high_watermark != hw_before || stale || req.max_wait_ms == 0 {
             self.complete_parked(parked);
         } else {
             self.parked.push(parked);
@@ -1955,6 +1957,12 @@ impl RaftNode {
     /// Answers a parked fetch with whatever it can have now.
     fn complete_parked(&mut self, parked: ParkedFetch) {
         let end = self.log.end_offset();
+        let high_watermark = self.high_watermark;
+        if let Role::Leader(leader) = &mut self.role {
+            if let Some(replica) = leader.replica_mut(parked.replica) {
+                replica.high_watermark_sent = high_watermark;
+            }
+        }
         let response = self.fetch_error(ErrorCode::None);
         let read = (parked.fetch_offset < end).then_some(ReadRange {
             from: parked.fetch_offset,

@@ -1076,6 +1076,40 @@ fn fetches_with_a_wrong_epoch_are_refused() {
     );
 }
 
+/// A follower whose fetch did not move the high watermark (the other one's
+/// did, while it was flushing) must not wait out its fetch's max wait to
+/// learn it: a fetch that finds the high watermark past the one it was last
+/// told is answered at once. Kafka's KIP-1166 fixes the same lag.
+#[test]
+fn a_fetch_behind_on_the_high_watermark_is_answered_at_once() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.on_flushed(now, 1);
+    // Both followers are caught up and parked at 1.
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
+    node.handle_request(now, 3, 2, fetch_req(3, 1, 1, 1, 500));
+    node.take_actions();
+    node.handle_request(now, 2, 3, fetch_req(2, 1, 1, 1, 500));
+    node.handle_request(now, 3, 4, fetch_req(3, 1, 1, 1, 500));
+    assert!(responses(&node.take_actions()).is_empty(), "both parked");
+    node.propose(now, vec![Record::Data(b"x".to_vec())]).unwrap();
+    node.on_flushed(now, 2);
+    node.take_actions();
+    // Node 2 acknowledges offset 1 and moves the HW: answered at once, and
+    // node 3's parked fetch is woken with the new HW too.
+    node.handle_request(now + 1, 2, 5, fetch_req(2, 1, 2, 1, 500));
+    assert_eq!(node.high_watermark(), 2);
+    node.take_actions();
+    // Node 3 was flushing meanwhile; it fetches at 2 after node 2 already
+    // moved the HW. Without the rule it parks until now + 501.
+    node.handle_request(now + 2, 3, 6, fetch_req(3, 1, 2, 1, 500));
+    let answered = fetch_response(&node.take_actions());
+    assert_eq!(answered.high_watermark, 2);
+    // Told now: the next caught-up fetch parks again.
+    node.handle_request(now + 3, 3, 7, fetch_req(3, 1, 2, 1, 500));
+    assert!(responses(&node.take_actions()).is_empty(), "parked");
+}
+
 #[test]
 fn a_caught_up_fetch_parks_until_data_or_timeout() {
     let (mut node, now) = elect_leader();
@@ -1105,6 +1139,10 @@ fn a_caught_up_fetch_parks_until_data_or_timeout() {
         )),
         "woken by the append: {actions:?}"
     );
+    // Node 3 was never told the high watermark: answered at once, then it
+    // parks like node 2.
+    node.handle_request(now + 20, 3, 2, fetch_req(3, 1, 2, 1, 500));
+    assert_eq!(responses(&node.take_actions()).len(), 1);
     node.handle_request(now + 20, 3, 2, fetch_req(3, 1, 2, 1, 500));
     assert!(responses(&node.take_actions()).is_empty());
     node.tick(now + 420);
