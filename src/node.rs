@@ -34,8 +34,8 @@ use crate::actors::log_appender::{AppenderStore, LogAppender, StorageEvent, Stor
 use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
 pub use crate::actors::quorum_state::SnapshotInfo;
 use crate::actors::quorum_state::{
-    AppendForwarder, CreateSnapshot, Describe, GetMetrics, Propose, QuorumPeers, QuorumState, ReadCommitted, Shutdown,
-    StopForwarder, StopReason,
+    AppendForwarder, CreateSnapshot, Describe, GetMetrics, Propose, ProposeMany, QuorumPeers, QuorumState,
+    ReadCommitted, Shutdown, StopForwarder, StopReason,
 };
 use crate::actors::request_manager::RequestManager;
 use crate::actors::snapshot_policy::{HeldSnapshot, SnapshotPolicy};
@@ -182,6 +182,10 @@ pub struct MetricsSnapshot {
     pub election_latency_avg_ms: f64,
     pub election_latency_max_ms: f64,
     pub elections_total: u64,
+    /// Fetch requests this node answered (as leader: its followers' and
+    /// observers' fetch cycles).
+    pub fetch_requests_total: u64,
+    pub storage: crate::actors::log_appender::StorageStats,
     pub uptime_ms: u64,
 }
 
@@ -645,6 +649,17 @@ impl NodeHandle {
             Ok(result) => result,
             // The message was never handled: nothing was proposed.
             Err(e) => Err(AppendError::Unavailable(format!("the node is stopped ({e})"))),
+        }
+    }
+
+    /// Several appends in one message to the node, each resolving on its
+    /// own as [`NodeHandle::append`] would, in order. The HTTP workers use
+    /// it to cross to the node's thread once for many requests.
+    pub async fn append_many(&self, groups: Vec<Vec<Vec<u8>>>) -> Vec<Result<Appended, AppendError>> {
+        let count = groups.len();
+        match self.inner.quorum.send(ProposeMany { groups }).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => vec![Err(AppendError::Unavailable(format!("the node is stopped ({e})"))); count],
         }
     }
 

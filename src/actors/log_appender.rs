@@ -33,9 +33,10 @@
 //! actor-level simulator runs whole nodes that way on a paused clock.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -143,6 +144,28 @@ pub enum AppenderError {
 /// The answer to [`LogAppender::read`]: the batches, or why the read failed
 /// (the storage thread keeps running; the reader may retry).
 pub type ReadResult = Result<Vec<Batch>, String>;
+
+/// What the storage thread has done since it started, for `GET /metrics`
+/// (etcd's `wal_fsync_duration_seconds`, Kafka's log flush rate): shared
+/// counters the thread bumps and any handle reads.
+#[derive(Debug, Default)]
+struct StorageCounters {
+    flushes: AtomicU64,
+    flush_nanos: AtomicU64,
+    appended_batches: AtomicU64,
+    appended_bytes: AtomicU64,
+}
+
+/// A reading of the storage thread's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct StorageStats {
+    /// Durability points (one flush plus fdatasync each).
+    pub flushes_total: u64,
+    /// Time spent in them.
+    pub flush_seconds_total: f64,
+    pub appended_batches_total: u64,
+    pub appended_bytes_total: u64,
+}
 
 enum Command {
     Append(Batch),
@@ -430,6 +453,7 @@ pub struct LogAppender {
     /// woken after every push, and when a handle is dropped. Declared after
     /// `tx` so that a dropped handle's sender is gone before the wake-up.
     wake: Waker,
+    counters: Arc<StorageCounters>,
 }
 
 /// Wakes a task-run store; on drop too, so the task sees the channel
@@ -480,18 +504,17 @@ impl LogAppender {
         events: mpsc::UnboundedSender<StorageEvent>,
     ) -> std::io::Result<(LogAppender, JoinHandle<()>)> {
         let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_COMMANDS);
+        let counters = Arc::new(StorageCounters::default());
+        let worker = StorageThread::new(store, snapshot_dir, events, counters.clone());
         let thread = std::thread::Builder::new()
             .name(format!("kraft-storage-{node_id}"))
-            .spawn(move || {
-                StorageThread {
-                    store,
-                    snapshots: SnapshotFiles::new(snapshot_dir),
-                    events,
-                    mutations: 0,
-                }
-                .run(rx)
-            })?;
-        Ok((LogAppender { tx, wake: Waker(None) }, thread))
+            .spawn(move || worker.run(rx))?;
+        let appender = LogAppender {
+            tx,
+            wake: Waker(None),
+            counters,
+        };
+        Ok((appender, thread))
     }
 
     /// Runs the store on a task of the current tokio runtime instead of a
@@ -512,13 +535,9 @@ impl LogAppender {
         let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_COMMANDS);
         let wake = Arc::new(Notify::new());
         let woken = wake.clone();
+        let counters = Arc::new(StorageCounters::default());
+        let mut worker = StorageThread::new(store, snapshot_dir, events, counters.clone());
         let task = tokio::task::spawn_local(async move {
-            let mut worker = StorageThread {
-                store,
-                snapshots: SnapshotFiles::new(snapshot_dir),
-                events,
-                mutations: 0,
-            };
             let mut group: Vec<Command> = Vec::with_capacity(64);
             let exit = loop {
                 match rx.try_recv() {
@@ -553,9 +572,21 @@ impl LogAppender {
             LogAppender {
                 tx,
                 wake: Waker(Some(wake)),
+                counters,
             },
             task,
         )
+    }
+
+    /// The storage thread's counters now.
+    pub fn stats(&self) -> StorageStats {
+        let c = &self.counters;
+        StorageStats {
+            flushes_total: c.flushes.load(Ordering::Relaxed),
+            flush_seconds_total: c.flush_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            appended_batches_total: c.appended_batches.load(Ordering::Relaxed),
+            appended_bytes_total: c.appended_bytes.load(Ordering::Relaxed),
+        }
     }
 
     fn push(&self, command: Command) -> Result<(), AppenderError> {
@@ -719,6 +750,7 @@ struct StorageThread {
     events: mpsc::UnboundedSender<StorageEvent>,
     /// Appends and truncates applied so far (see [`StorageEvent::Flushed`]).
     mutations: u64,
+    counters: Arc<StorageCounters>,
 }
 
 /// What one group asked for besides its writes and reads.
@@ -735,6 +767,21 @@ enum Exit {
 }
 
 impl StorageThread {
+    fn new(
+        store: Box<dyn AppenderStore>,
+        snapshot_dir: Option<PathBuf>,
+        events: mpsc::UnboundedSender<StorageEvent>,
+        counters: Arc<StorageCounters>,
+    ) -> StorageThread {
+        StorageThread {
+            store,
+            snapshots: SnapshotFiles::new(snapshot_dir),
+            events,
+            mutations: 0,
+            counters,
+        }
+    }
+
     fn run(mut self, rx: Receiver<Command>) {
         let mut group: Vec<Command> = Vec::with_capacity(64);
         let exit = loop {
@@ -788,6 +835,10 @@ impl StorageThread {
                         format!("append of the batch at offset {base}")
                     })?;
                     self.mutations += 1;
+                    self.counters.appended_batches.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .appended_bytes
+                        .fetch_add(batch.size_bytes() as u64, Ordering::Relaxed);
                 }
                 Command::Truncate(end_offset) => {
                     check(&self.events, self.store.truncate(end_offset), || {
@@ -895,7 +946,11 @@ impl StorageThread {
 
     /// One durability point for the whole group, then the report.
     fn flush_and_report(&mut self) -> Result<(), ()> {
+        let started = Instant::now();
         check(&self.events, self.store.flush(), || "flush".to_string())?;
+        let took = started.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
+        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        self.counters.flush_nanos.fetch_add(took, Ordering::Relaxed);
         let event = StorageEvent::Flushed {
             durable_end: self.store.end_offset(),
             mutations: self.mutations,

@@ -46,6 +46,7 @@ use crate::actors::fetch_purgatory::{self, FetchPurgatory, HighWatermarkAdvanced
 use crate::actors::log_appender::{LogAppender, ReadResult, StorageEvent};
 use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, MetadataListeners};
 use crate::actors::snapshot_policy::SnapshotPolicy;
+use crate::actors::tail_cache::{TailCache, TAIL_CACHE_BYTES};
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
 use crate::messages::{
     AppendRequest, AppendResponse, Batch, ErrorCode, FetchResponse, RaftRequest, RaftResponse, Record, SnapshotId,
@@ -88,6 +89,14 @@ const MAX_FORWARDED_PENDING: usize = 10_000;
 #[rtype(result = "Result<Appended, AppendError>")]
 pub struct Propose {
     pub records: Vec<Vec<u8>>,
+}
+
+/// Several [`Propose`]s in one message, answered together once each has
+/// its outcome (in order).
+#[derive(Message, Debug)]
+#[rtype(result = "Vec<Result<Appended, AppendError>>")]
+pub struct ProposeMany {
+    pub groups: Vec<Vec<Vec<u8>>>,
 }
 
 /// This node's view of the quorum.
@@ -162,6 +171,7 @@ struct Metrics {
     /// Shared with the tasks that complete fetch reads.
     fetch_records_total: Arc<AtomicU64>,
     elections_total: u64,
+    fetch_requests_total: u64,
     election_latency_sum_ms: f64,
     election_latency_max_ms: f64,
     /// Set while no leader is known.
@@ -250,6 +260,8 @@ pub struct QuorumState {
     snapshots: SnapshotPolicy,
     /// A snapshot is being written (one at a time).
     snapshotting: bool,
+    /// The newest batches sent to storage, for fetch reads at the log end.
+    tail: TailCache,
 }
 
 impl QuorumState {
@@ -288,6 +300,7 @@ impl QuorumState {
             on_stopped: Some(peers.on_stopped),
             snapshots: peers.snapshots,
             snapshotting: false,
+            tail: TailCache::new(TAIL_CACHE_BYTES),
             metrics: Metrics {
                 election_started_ms: Some(0),
                 ..Metrics::default()
@@ -362,6 +375,7 @@ impl QuorumState {
                     self.mutations_sent += 1;
                     self.unflushed.push_back((self.mutations_sent, batch.size_bytes()));
                     self.unflushed_bytes += batch.size_bytes();
+                    self.tail.on_append(&batch);
                     if let Err(e) = self.appender.append(batch) {
                         return self.fatal(ctx, format!("cannot queue an append: {e}"));
                     }
@@ -369,6 +383,7 @@ impl QuorumState {
                 Action::Truncate { end_offset } => {
                     self.mutations_sent += 1;
                     self.truncations.push_back((self.mutations_sent, end_offset));
+                    self.tail.on_truncate(end_offset);
                     if let Err(e) = self.appender.truncate(end_offset) {
                         return self.fatal(ctx, format!("cannot queue a truncation: {e}"));
                     }
@@ -418,6 +433,12 @@ impl QuorumState {
                         let _ = reply.send(RaftResponse::Fetch(response));
                         continue;
                     };
+                    if let Some(batches) = self.tail.read(range.from, range.until, range.max_bytes) {
+                        let records: u64 = batches.iter().map(|b| b.record_count as u64).sum();
+                        self.metrics.fetch_records_total.fetch_add(records, Ordering::Relaxed);
+                        let _ = reply.send(RaftResponse::Fetch(complete_fetch(response, Ok(batches))));
+                        continue;
+                    }
                     // The read is queued behind every append sent so far and
                     // answered without waiting for a flush (the leader may
                     // ship records before its own fsync; it counts itself
@@ -481,6 +502,7 @@ impl QuorumState {
                     }
                 }
                 Action::InstallSnapshot(id) => {
+                    self.tail.clear();
                     let installed = match self.appender.install_snapshot(id) {
                         Ok(installed) => installed,
                         Err(e) => return self.fatal(ctx, format!("cannot queue the install of snapshot {id:?}: {e}")),
@@ -920,6 +942,8 @@ impl QuorumState {
                 m.election_latency_sum_ms / m.elections_total as f64
             },
             election_latency_max_ms: m.election_latency_max_ms,
+            fetch_requests_total: m.fetch_requests_total,
+            storage: self.appender.stats(),
             uptime_ms: now,
             ..MetricsSnapshot::default()
         }
@@ -1087,6 +1111,9 @@ impl Handler<InboundRequest> for QuorumState {
                     );
                     let _ = msg.reply.send(RaftResponse::Error(ErrorCode::BrokerNotAvailable));
                 } else {
+                    if let RaftRequest::Fetch(_) = request {
+                        self.metrics.fetch_requests_total += 1;
+                    }
                     let request_id = self.next_request_id;
                     self.next_request_id += 1;
                     self.inbound.insert(request_id, msg.reply);
@@ -1129,6 +1156,21 @@ impl Handler<Propose> for QuorumState {
         let outcome = self.propose_local(now, msg.records, ctx);
         self.drive(ctx);
         Box::pin(outcome)
+    }
+}
+
+impl Handler<ProposeMany> for QuorumState {
+    type Result = ResponseFuture<Vec<Result<Appended, AppendError>>>;
+
+    fn handle(&mut self, msg: ProposeMany, ctx: &mut Self::Context) -> Self::Result {
+        let now = self.tick();
+        let outcomes: Vec<_> = msg
+            .groups
+            .into_iter()
+            .map(|records| self.propose_local(now, records, ctx))
+            .collect();
+        self.drive(ctx);
+        Box::pin(futures::future::join_all(outcomes))
     }
 }
 

@@ -22,7 +22,7 @@ pub fn render(snapshot: &MetricsSnapshot) -> String {
     let s = snapshot;
     let mut out = String::with_capacity(2048);
     use Kind::{Counter, Gauge};
-    let metrics: [(&str, Kind, &str, f64); 14] = [
+    let metrics: [(&str, Kind, &str, f64); 19] = [
         (
             "kraft_raft_current_state",
             Gauge,
@@ -102,6 +102,36 @@ pub fn render(snapshot: &MetricsSnapshot) -> String {
             s.elections_total as f64,
         ),
         (
+            "kraft_raft_fetch_requests_total",
+            Counter,
+            "fetch requests answered by this node (on the leader: the replicas' fetch cycles)",
+            s.fetch_requests_total as f64,
+        ),
+        (
+            "kraft_storage_flushes_total",
+            Counter,
+            "durability points of the log: one flush and fdatasync each, covering every write before it",
+            s.storage.flushes_total as f64,
+        ),
+        (
+            "kraft_storage_flush_seconds_total",
+            Counter,
+            "time spent in those flushes, in seconds (divide by kraft_storage_flushes_total for the average)",
+            s.storage.flush_seconds_total,
+        ),
+        (
+            "kraft_storage_appended_batches_total",
+            Counter,
+            "record batches written to the log",
+            s.storage.appended_batches_total as f64,
+        ),
+        (
+            "kraft_storage_appended_bytes_total",
+            Counter,
+            "bytes of record batches written to the log",
+            s.storage.appended_bytes_total as f64,
+        ),
+        (
             "kraft_uptime_seconds",
             Gauge,
             "seconds since this node started",
@@ -159,7 +189,7 @@ mod tests {
         assert!(text.contains("kraft_raft_commit_latency_avg_ms 1.5\n"));
         assert!(text.contains("# TYPE kraft_raft_append_records_total counter\n"));
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(samples.len(), 14);
+        assert_eq!(samples.len(), 19);
         for sample in samples {
             let name = sample.split(' ').next().unwrap();
             assert!(text.contains(&format!("# HELP {name} ")), "{name} has no HELP");

@@ -21,11 +21,13 @@
 //! the small `NodeApi` trait so they can be tested without a quorum.
 
 mod error;
+mod funnel;
 pub mod metrics;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::num::IntErrorKind;
+use std::rc::Rc;
 
 use actix_web::error::JsonPayloadError;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer, ResponseError};
@@ -33,6 +35,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 pub use error::ApiError;
+use funnel::AppendFunnel;
 
 use crate::messages::MAX_BATCH_BYTES;
 use crate::node::{AppendError, Appended, LogPage, MetricsSnapshot, NodeError, NodeHandle, QuorumStatus, SnapshotInfo};
@@ -72,6 +75,15 @@ pub fn http_server_with_limit(
 /// in the unit tests below.
 pub(crate) trait NodeApi: Clone + 'static {
     fn append(&self, records: Vec<Vec<u8>>) -> impl Future<Output = Result<Appended, AppendError>>;
+    /// Several appends at once, each with its own outcome, in order.
+    fn append_many(&self, groups: Vec<Vec<Vec<u8>>>) -> impl Future<Output = Vec<Result<Appended, AppendError>>> {
+        futures::future::join_all(
+            groups
+                .into_iter()
+                .map(|records| self.append(records))
+                .collect::<Vec<_>>(),
+        )
+    }
     fn describe(&self) -> impl Future<Output = Result<QuorumStatus, NodeError>>;
     fn read_committed(&self, from: Offset, max: usize) -> impl Future<Output = Result<LogPage, NodeError>>;
     fn metrics(&self) -> impl Future<Output = Result<MetricsSnapshot, NodeError>>;
@@ -81,6 +93,9 @@ pub(crate) trait NodeApi: Clone + 'static {
 impl NodeApi for NodeHandle {
     fn append(&self, records: Vec<Vec<u8>>) -> impl Future<Output = Result<Appended, AppendError>> {
         NodeHandle::append(self, records)
+    }
+    fn append_many(&self, groups: Vec<Vec<Vec<u8>>>) -> impl Future<Output = Vec<Result<Appended, AppendError>>> {
+        NodeHandle::append_many(self, groups)
     }
     fn describe(&self) -> impl Future<Output = Result<QuorumStatus, NodeError>> {
         NodeHandle::describe(self)
@@ -124,7 +139,9 @@ fn serve<N: NodeApi + Send>(
 /// Every route, the extractor configuration that keeps their errors JSON,
 /// and JSON 404/405 answers.
 fn routes<N: NodeApi>(cfg: &mut web::ServiceConfig, node: N, max_body_bytes: usize) {
-    cfg.app_data(web::Data::new(node))
+    // Called once per worker thread: each gets its own funnel.
+    cfg.app_data(AppendFunnel::new(node.clone()))
+        .app_data(web::Data::new(node))
         .app_data(
             web::JsonConfig::default()
                 .limit(max_body_bytes)
@@ -216,7 +233,7 @@ struct AppendRequest {
     records: Vec<String>,
 }
 
-async fn append<N: NodeApi>(node: web::Data<N>, body: web::Json<AppendRequest>) -> Result<HttpResponse, ApiError> {
+async fn append<N: NodeApi>(req: HttpRequest, body: web::Json<AppendRequest>) -> Result<HttpResponse, ApiError> {
     let records = body.into_inner().records;
     if records.is_empty() {
         return Err(ApiError::BadRequest("records must hold at least one record".to_owned()));
@@ -224,7 +241,10 @@ async fn append<N: NodeApi>(node: web::Data<N>, body: web::Json<AppendRequest>) 
     let records = records.into_iter().map(String::into_bytes).collect();
     // Resolves only at commit. Any failure after hand-over comes back as
     // OutcomeUnknown and is passed on as such, never retried.
-    let appended = node.append(records).await?;
+    let funnel = req
+        .app_data::<Rc<AppendFunnel<N>>>()
+        .ok_or_else(|| ApiError::Unavailable("no append funnel on this worker".to_owned()))?;
+    let appended = funnel.append(records).await?;
     Ok(HttpResponse::Ok().json(appended))
 }
 

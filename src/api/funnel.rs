@@ -1,0 +1,187 @@
+//! `POST /v1/append` requests of one HTTP worker thread, handed to the node
+//! together.
+//!
+//! Every append crosses from an HTTP worker thread to the node's actor
+//! thread and its answer crosses back. One message each way per request
+//! cost the leader more in thread wake-ups and context switches than in
+//! the quorum's own work (BENCHMARKS.md, "What limits the figures"). A
+//! funnel lives on each worker thread: the appends its connections decode
+//! in the same turn of the worker's event loop go over as one
+//! [`NodeApi::append_many`] and come back as one answer, each request still
+//! getting its own outcome (its own offsets, or its own error).
+//!
+//! A lone request goes alone: the funnel only waits for what is already
+//! runnable on the thread (one yield), never for a timer.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::rc::Rc;
+
+use tokio::sync::oneshot;
+
+use super::NodeApi;
+use crate::node::{AppendError, Appended};
+
+/// Most appends handed over in one message; more wait for the next one.
+const MAX_GROUPS: usize = 1024;
+
+pub(crate) struct AppendFunnel<N> {
+    node: N,
+    waiting: RefCell<Waiting>,
+}
+
+/// One request's records and where its outcome goes.
+type Pending = (Vec<Vec<u8>>, oneshot::Sender<Result<Appended, AppendError>>);
+
+#[derive(Default)]
+struct Waiting {
+    appends: Vec<Pending>,
+    /// A hand-over task is queued and has not taken `appends` yet.
+    scheduled: bool,
+}
+
+impl<N: NodeApi> AppendFunnel<N> {
+    pub(crate) fn new(node: N) -> Rc<AppendFunnel<N>> {
+        Rc::new(AppendFunnel {
+            node,
+            waiting: RefCell::new(Waiting::default()),
+        })
+    }
+
+    /// Like [`NodeApi::append`]: resolves at commit with this request's
+    /// offsets, or with its error.
+    pub(crate) fn append(
+        self: &Rc<Self>,
+        records: Vec<Vec<u8>>,
+    ) -> impl Future<Output = Result<Appended, AppendError>> + 'static {
+        let (reply, answer) = oneshot::channel();
+        let mut waiting = self.waiting.borrow_mut();
+        waiting.appends.push((records, reply));
+        if !waiting.scheduled {
+            waiting.scheduled = true;
+            let funnel = self.clone();
+            actix_rt::spawn(async move {
+                // Let the connections that are already runnable on this
+                // thread decode their requests first.
+                tokio::task::yield_now().await;
+                funnel.hand_over().await;
+            });
+        }
+        async move {
+            answer.await.unwrap_or_else(|_| {
+                Err(AppendError::OutcomeUnknown(
+                    "the HTTP worker stopped while the records were with the node".into(),
+                ))
+            })
+        }
+    }
+
+    async fn hand_over(self: Rc<Self>) {
+        let appends = {
+            let mut waiting = self.waiting.borrow_mut();
+            let cut = waiting.appends.len().min(MAX_GROUPS);
+            let rest = waiting.appends.split_off(cut);
+            let taken = std::mem::replace(&mut waiting.appends, rest);
+            if waiting.appends.is_empty() {
+                waiting.scheduled = false;
+            } else {
+                let funnel = self.clone();
+                actix_rt::spawn(funnel.hand_over());
+            }
+            taken
+        };
+        tracing::trace!(groups = appends.len(), "appends handed over together");
+        let (groups, replies): (Vec<_>, Vec<_>) = appends.into_iter().unzip();
+        let outcomes = self.node.append_many(groups).await;
+        for (reply, outcome) in replies.into_iter().zip(outcomes) {
+            // A closed receiver: the client went away; the outcome stands.
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::node::{LogPage, MetricsSnapshot, NodeError, QuorumStatus, SnapshotInfo};
+    use crate::raft::Offset;
+
+    /// Appends get consecutive offsets; records "bad" are rejected; every
+    /// `append_many` call is recorded by its size.
+    #[derive(Clone, Default)]
+    struct Counter {
+        calls: Arc<Mutex<Vec<usize>>>,
+        next: Arc<Mutex<Offset>>,
+    }
+
+    impl NodeApi for Counter {
+        async fn append(&self, records: Vec<Vec<u8>>) -> Result<Appended, AppendError> {
+            self.append_many(vec![records]).await.remove(0)
+        }
+        async fn append_many(&self, groups: Vec<Vec<Vec<u8>>>) -> Vec<Result<Appended, AppendError>> {
+            self.calls.lock().unwrap().push(groups.len());
+            let mut next = self.next.lock().unwrap();
+            groups
+                .into_iter()
+                .map(|records| {
+                    if records.iter().any(|r| r == b"bad") {
+                        return Err(AppendError::Rejected("bad".into()));
+                    }
+                    let base_offset = *next;
+                    *next += records.len() as Offset;
+                    Ok(Appended {
+                        base_offset,
+                        last_offset: *next - 1,
+                        epoch: 1,
+                    })
+                })
+                .collect()
+        }
+        async fn describe(&self) -> Result<QuorumStatus, NodeError> {
+            unimplemented!()
+        }
+        async fn read_committed(&self, _: Offset, _: usize) -> Result<LogPage, NodeError> {
+            unimplemented!()
+        }
+        async fn metrics(&self) -> Result<MetricsSnapshot, NodeError> {
+            unimplemented!()
+        }
+        async fn create_snapshot(&self) -> Result<SnapshotInfo, NodeError> {
+            unimplemented!()
+        }
+    }
+
+    #[actix_rt::test]
+    async fn appends_of_one_turn_go_together_and_each_gets_its_own_outcome() {
+        let node = Counter::default();
+        let funnel = AppendFunnel::new(node.clone());
+        let a = funnel.append(vec![b"a".to_vec(), b"b".to_vec()]);
+        let b = funnel.append(vec![b"bad".to_vec()]);
+        let c = funnel.append(vec![b"c".to_vec()]);
+        let (a, b, c) = futures::join!(a, b, c);
+        assert_eq!(*node.calls.lock().unwrap(), vec![3]);
+        assert_eq!(a.unwrap().base_offset, 0);
+        assert!(matches!(b, Err(AppendError::Rejected(_))));
+        let c = c.unwrap();
+        assert_eq!((c.base_offset, c.last_offset), (2, 2));
+        // A later request starts a new hand-over.
+        let d = funnel.append(vec![b"d".to_vec()]).await.unwrap();
+        assert_eq!(d.base_offset, 3);
+        assert_eq!(*node.calls.lock().unwrap(), vec![3, 1]);
+    }
+
+    #[actix_rt::test]
+    async fn a_crowd_is_split_into_hand_overs_of_at_most_max_groups() {
+        let node = Counter::default();
+        let funnel = AppendFunnel::new(node.clone());
+        let all: Vec<_> = (0..MAX_GROUPS + 5)
+            .map(|_| funnel.append(vec![b"x".to_vec()]))
+            .collect();
+        let outcomes = futures::future::join_all(all).await;
+        let offsets: Vec<Offset> = outcomes.into_iter().map(|o| o.unwrap().base_offset).collect();
+        assert_eq!(offsets, (0..(MAX_GROUPS + 5) as Offset).collect::<Vec<_>>());
+        assert_eq!(*node.calls.lock().unwrap(), vec![MAX_GROUPS, 5]);
+    }
+}
