@@ -34,7 +34,7 @@ use crate::actors::log_appender::{AppenderStore, LogAppender, StorageEvent, Stor
 use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
 pub use crate::actors::quorum_state::SnapshotInfo;
 use crate::actors::quorum_state::{
-    AppendForwarder, CreateSnapshot, Describe, GetMetrics, Propose, ProposeMany, QuorumPeers, QuorumState,
+    AppendForwarder, AppendReply, CreateSnapshot, Describe, GetMetrics, Propose, ProposeMany, QuorumPeers, QuorumState,
     ReadCommitted, Shutdown, StopForwarder, StopReason,
 };
 use crate::actors::request_manager::RequestManager;
@@ -652,15 +652,13 @@ impl NodeHandle {
         }
     }
 
-    /// Several appends in one message to the node, each resolving on its
-    /// own as [`NodeHandle::append`] would, in order. The HTTP workers use
-    /// it to cross to the node's thread once for many requests.
-    pub async fn append_many(&self, groups: Vec<Vec<Vec<u8>>>) -> Vec<Result<Appended, AppendError>> {
-        let count = groups.len();
-        match self.inner.quorum.send(ProposeMany { groups }).await {
-            Ok(outcomes) => outcomes,
-            Err(e) => vec![Err(AppendError::Unavailable(format!("the node is stopped ({e})"))); count],
-        }
+    /// Several appends handed to the node in one message, proposed in
+    /// order; each outcome is sent to its own reply as [`NodeHandle::append`]
+    /// would resolve. The HTTP workers use it to cross to the node's thread
+    /// once for many requests. A reply dropped unanswered means the node
+    /// stopped first: the outcome is unknown.
+    pub fn append_each(&self, groups: Vec<(Vec<Vec<u8>>, AppendReply)>) {
+        self.inner.quorum.do_send(ProposeMany { groups });
     }
 
     /// This node's view of the quorum (replica lists only on the leader).

@@ -890,3 +890,57 @@ async fn a_listener_whose_read_failed_retries_and_catches_up() {
     assert!(!node.is_stopped());
     node.shutdown().await;
 }
+
+/// `append_each` (the HTTP workers' path): each append's outcome arrives on
+/// its own. With both followers stopped nothing can commit, yet the
+/// refused appends in the same hand-over are answered at once, not held
+/// until the accepted one's outcome is known.
+#[actix_rt::test]
+async fn appends_handed_over_together_are_answered_each_on_its_own() {
+    init_tracing();
+    let ports = free_ports(3);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes = start_cluster(&ports, &dirs).await;
+    let (leader, _) = agreed_leader(&nodes, 0).await;
+    let both = nodes[leader]
+        .as_ref()
+        .unwrap()
+        .append(vec![data("committed")])
+        .await
+        .expect("append with all three up");
+    for (i, node) in nodes.iter_mut().enumerate() {
+        if i != leader {
+            node.take().unwrap().shutdown().await;
+        }
+    }
+    let handle = nodes[leader].as_ref().unwrap();
+    let (accepted_tx, accepted) = tokio::sync::oneshot::channel();
+    let (empty_tx, empty) = tokio::sync::oneshot::channel();
+    let (again_tx, again) = tokio::sync::oneshot::channel();
+    handle.append_each(vec![
+        (vec![data("never commits")], accepted_tx),
+        (vec![], empty_tx),
+        (vec![], again_tx),
+    ]);
+    let refused = tokio::time::timeout(Duration::from_millis(200), async { (empty.await, again.await) })
+        .await
+        .expect("the refused appends are answered at once");
+    assert!(
+        matches!(refused.0, Ok(Err(AppendError::Rejected(_)))),
+        "{:?}",
+        refused.0
+    );
+    assert!(
+        matches!(refused.1, Ok(Err(AppendError::Rejected(_)))),
+        "{:?}",
+        refused.1
+    );
+    // The accepted one cannot commit without a follower: when the leader
+    // resigns (check-quorum), its outcome is unknown, never a success.
+    match accepted.await {
+        Ok(Err(AppendError::OutcomeUnknown(_))) => {}
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+    assert!(both.last_offset < handle.describe().await.unwrap().high_watermark);
+    shutdown_all(&mut nodes).await;
+}

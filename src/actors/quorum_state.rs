@@ -91,12 +91,16 @@ pub struct Propose {
     pub records: Vec<Vec<u8>>,
 }
 
-/// Several [`Propose`]s in one message, answered together once each has
-/// its outcome (in order).
+/// Where one append's outcome goes.
+pub type AppendReply = oneshot::Sender<Result<Appended, AppendError>>;
+
+/// Several [`Propose`]s in one message, proposed in order; each outcome
+/// goes to its own reply as soon as it is known (one append's commit or
+/// refusal never waits for another's).
 #[derive(Message, Debug)]
-#[rtype(result = "Vec<Result<Appended, AppendError>>")]
+#[rtype(result = "()")]
 pub struct ProposeMany {
-    pub groups: Vec<Vec<Vec<u8>>>,
+    pub groups: Vec<(Vec<Vec<u8>>, AppendReply)>,
 }
 
 /// This node's view of the quorum.
@@ -1160,17 +1164,20 @@ impl Handler<Propose> for QuorumState {
 }
 
 impl Handler<ProposeMany> for QuorumState {
-    type Result = ResponseFuture<Vec<Result<Appended, AppendError>>>;
+    type Result = ();
 
-    fn handle(&mut self, msg: ProposeMany, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: ProposeMany, ctx: &mut Self::Context) {
         let now = self.tick();
-        let outcomes: Vec<_> = msg
-            .groups
-            .into_iter()
-            .map(|records| self.propose_local(now, records, ctx))
-            .collect();
-        self.drive(ctx);
-        Box::pin(futures::future::join_all(outcomes))
+        for (records, reply) in msg.groups {
+            let outcome = self.propose_local(now, records, ctx);
+            // As after each Propose: the appends reach storage, and the
+            // bound on unflushed bytes sees them, before the next group.
+            self.drive(ctx);
+            actix::spawn(async move {
+                // A closed reply: the client went away; the outcome stands.
+                let _ = reply.send(outcome.await);
+            });
+        }
     }
 }
 

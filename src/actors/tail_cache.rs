@@ -14,6 +14,11 @@
 //! read it answers equals what the store would answer after every command
 //! sent before it. It only ever holds a contiguous run of batches that ends
 //! at the log end; a read that starts below that run goes to the store.
+//!
+//! A batch is served from here as soon as it was sent to storage, possibly
+//! before the store applied it: the leader may ship records before its own
+//! write and fsync (DESIGN.md §2); it counts itself toward the high
+//! watermark only with flushed offsets, and a storage failure stops it.
 
 use std::collections::VecDeque;
 
@@ -21,9 +26,9 @@ use crate::messages::Batch;
 use crate::raft::Offset;
 use crate::storage::ReadBudget;
 
-/// How many bytes of the newest batches are kept: one maximal batch, and
-/// many seconds of a busy leader's small ones.
-pub const TAIL_CACHE_BYTES: usize = crate::messages::MAX_BATCH_BYTES;
+/// How many bytes of the newest batches are kept: two maximal batches
+/// (with their headers), and many seconds of a busy leader's small ones.
+pub const TAIL_CACHE_BYTES: usize = 2 * crate::messages::MAX_BATCH_BYTES + 64;
 
 pub struct TailCache {
     /// Contiguous: each batch starts where the one before ends.

@@ -7,8 +7,8 @@
 //! the quorum's own work (BENCHMARKS.md, "What limits the figures"). A
 //! funnel lives on each worker thread: the appends its connections decode
 //! in the same turn of the worker's event loop go over as one
-//! [`NodeApi::append_many`] and come back as one answer, each request still
-//! getting its own outcome (its own offsets, or its own error).
+//! [`NodeApi::append_each`] message; each request still gets its own
+//! outcome (its own offsets, or its own error) as soon as it is known.
 //!
 //! A lone request goes alone: the funnel only waits for what is already
 //! runnable on the thread (one yield), never for a timer.
@@ -20,6 +20,7 @@ use std::rc::Rc;
 use tokio::sync::oneshot;
 
 use super::NodeApi;
+use crate::actors::quorum_state::AppendReply;
 use crate::node::{AppendError, Appended};
 
 /// Most appends handed over in one message; more wait for the next one.
@@ -31,7 +32,7 @@ pub(crate) struct AppendFunnel<N> {
 }
 
 /// One request's records and where its outcome goes.
-type Pending = (Vec<Vec<u8>>, oneshot::Sender<Result<Appended, AppendError>>);
+type Pending = (Vec<Vec<u8>>, AppendReply);
 
 #[derive(Default)]
 struct Waiting {
@@ -64,38 +65,31 @@ impl<N: NodeApi> AppendFunnel<N> {
                 // Let the connections that are already runnable on this
                 // thread decode their requests first.
                 tokio::task::yield_now().await;
-                funnel.hand_over().await;
+                funnel.hand_over();
             });
         }
         async move {
             answer.await.unwrap_or_else(|_| {
                 Err(AppendError::OutcomeUnknown(
-                    "the HTTP worker stopped while the records were with the node".into(),
+                    "the node stopped before answering: the records may or may not have been appended".into(),
                 ))
             })
         }
     }
 
-    async fn hand_over(self: Rc<Self>) {
+    /// Everything waiting goes to the node, at most [`MAX_GROUPS`] appends
+    /// per message.
+    fn hand_over(&self) {
         let appends = {
             let mut waiting = self.waiting.borrow_mut();
-            let cut = waiting.appends.len().min(MAX_GROUPS);
-            let rest = waiting.appends.split_off(cut);
-            let taken = std::mem::replace(&mut waiting.appends, rest);
-            if waiting.appends.is_empty() {
-                waiting.scheduled = false;
-            } else {
-                let funnel = self.clone();
-                actix_rt::spawn(funnel.hand_over());
-            }
-            taken
+            waiting.scheduled = false;
+            std::mem::take(&mut waiting.appends)
         };
-        tracing::trace!(groups = appends.len(), "appends handed over together");
-        let (groups, replies): (Vec<_>, Vec<_>) = appends.into_iter().unzip();
-        let outcomes = self.node.append_many(groups).await;
-        for (reply, outcome) in replies.into_iter().zip(outcomes) {
-            // A closed receiver: the client went away; the outcome stands.
-            let _ = reply.send(outcome);
+        let mut appends = appends.into_iter().peekable();
+        while appends.peek().is_some() {
+            let groups: Vec<Pending> = appends.by_ref().take(MAX_GROUPS).collect();
+            tracing::trace!(groups = groups.len(), "appends handed over together");
+            self.node.append_each(groups);
         }
     }
 }
@@ -109,35 +103,38 @@ mod tests {
     use crate::raft::Offset;
 
     /// Appends get consecutive offsets; records "bad" are rejected; every
-    /// `append_many` call is recorded by its size.
+    /// `append_each` call is recorded by its size.
     #[derive(Clone, Default)]
     struct Counter {
         calls: Arc<Mutex<Vec<usize>>>,
         next: Arc<Mutex<Offset>>,
     }
 
+    impl Counter {
+        fn outcome(&self, records: Vec<Vec<u8>>) -> Result<Appended, AppendError> {
+            if records.iter().any(|r| r == b"bad") {
+                return Err(AppendError::Rejected("bad".into()));
+            }
+            let mut next = self.next.lock().unwrap();
+            let base_offset = *next;
+            *next += records.len() as Offset;
+            Ok(Appended {
+                base_offset,
+                last_offset: *next - 1,
+                epoch: 1,
+            })
+        }
+    }
+
     impl NodeApi for Counter {
         async fn append(&self, records: Vec<Vec<u8>>) -> Result<Appended, AppendError> {
-            self.append_many(vec![records]).await.remove(0)
+            self.outcome(records)
         }
-        async fn append_many(&self, groups: Vec<Vec<Vec<u8>>>) -> Vec<Result<Appended, AppendError>> {
+        fn append_each(&self, groups: Vec<Pending>) {
             self.calls.lock().unwrap().push(groups.len());
-            let mut next = self.next.lock().unwrap();
-            groups
-                .into_iter()
-                .map(|records| {
-                    if records.iter().any(|r| r == b"bad") {
-                        return Err(AppendError::Rejected("bad".into()));
-                    }
-                    let base_offset = *next;
-                    *next += records.len() as Offset;
-                    Ok(Appended {
-                        base_offset,
-                        last_offset: *next - 1,
-                        epoch: 1,
-                    })
-                })
-                .collect()
+            for (records, reply) in groups {
+                let _ = reply.send(self.outcome(records));
+            }
         }
         async fn describe(&self) -> Result<QuorumStatus, NodeError> {
             unimplemented!()

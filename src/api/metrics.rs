@@ -104,13 +104,13 @@ pub fn render(snapshot: &MetricsSnapshot) -> String {
         (
             "kraft_raft_fetch_requests_total",
             Counter,
-            "fetch requests answered by this node (on the leader: the replicas' fetch cycles)",
+            "fetch requests received by this node, refused ones included (on the leader: the replicas' fetch cycles)",
             s.fetch_requests_total as f64,
         ),
         (
             "kraft_storage_flushes_total",
             Counter,
-            "durability points of the log: one flush and fdatasync each, covering every write before it",
+            "group flushes of the log (sled flush + fdatasync, covering every append before it); election-state writes, compaction and snapshot installs sync on their own and are not counted",
             s.storage.flushes_total as f64,
         ),
         (

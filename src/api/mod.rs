@@ -37,6 +37,7 @@ use serde_json::json;
 pub use error::ApiError;
 use funnel::AppendFunnel;
 
+use crate::actors::quorum_state::AppendReply;
 use crate::messages::MAX_BATCH_BYTES;
 use crate::node::{AppendError, Appended, LogPage, MetricsSnapshot, NodeError, NodeHandle, QuorumStatus, SnapshotInfo};
 use crate::raft::Offset;
@@ -75,14 +76,15 @@ pub fn http_server_with_limit(
 /// in the unit tests below.
 pub(crate) trait NodeApi: Clone + 'static {
     fn append(&self, records: Vec<Vec<u8>>) -> impl Future<Output = Result<Appended, AppendError>>;
-    /// Several appends at once, each with its own outcome, in order.
-    fn append_many(&self, groups: Vec<Vec<Vec<u8>>>) -> impl Future<Output = Vec<Result<Appended, AppendError>>> {
-        futures::future::join_all(
-            groups
-                .into_iter()
-                .map(|records| self.append(records))
-                .collect::<Vec<_>>(),
-        )
+    /// Several appends handed over at once, in order; each outcome goes to
+    /// its own reply when known. Must be called on an actix runtime.
+    fn append_each(&self, groups: Vec<(Vec<Vec<u8>>, AppendReply)>) {
+        for (records, reply) in groups {
+            let node = self.clone();
+            actix_rt::spawn(async move {
+                let _ = reply.send(node.append(records).await);
+            });
+        }
     }
     fn describe(&self) -> impl Future<Output = Result<QuorumStatus, NodeError>>;
     fn read_committed(&self, from: Offset, max: usize) -> impl Future<Output = Result<LogPage, NodeError>>;
@@ -94,8 +96,8 @@ impl NodeApi for NodeHandle {
     fn append(&self, records: Vec<Vec<u8>>) -> impl Future<Output = Result<Appended, AppendError>> {
         NodeHandle::append(self, records)
     }
-    fn append_many(&self, groups: Vec<Vec<Vec<u8>>>) -> impl Future<Output = Vec<Result<Appended, AppendError>>> {
-        NodeHandle::append_many(self, groups)
+    fn append_each(&self, groups: Vec<(Vec<Vec<u8>>, AppendReply)>) {
+        NodeHandle::append_each(self, groups)
     }
     fn describe(&self) -> impl Future<Output = Result<QuorumStatus, NodeError>> {
         NodeHandle::describe(self)
