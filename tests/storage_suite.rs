@@ -8,9 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
+use kraft::messages::codec::encode;
 use kraft::messages::{Batch, Record};
 use kraft::raft::{ElectionState, Epoch, Offset};
-use kraft::storage::sled_store::{IDENTITY_FILE, SLED_SUBDIR};
+use kraft::storage::sled_store::{IDENTITY_FILE, MAX_LOG_VALUE_BYTES, SLED_SUBDIR};
 use kraft::storage::{LogStore, MemoryStore, SledStore, StorageError};
 use tempfile::TempDir;
 
@@ -26,6 +27,31 @@ fn batch(base_offset: Offset, epoch: Epoch, records: usize) -> Batch {
 fn data_batch(base_offset: Offset, epoch: Epoch, records: usize, bytes: usize) -> Batch {
     let fill = (base_offset % 251) as u8;
     Batch::new(base_offset, epoch, &vec![Record::Data(vec![fill; bytes]); records])
+}
+
+/// A batch of `records` (at least 3) data records of half the largest
+/// sled value each: SledStore stores it in chunks.
+fn large_batch(base_offset: Offset, epoch: Epoch, records: usize) -> Batch {
+    assert!(
+        records >= 3,
+        "a batch of {records} records of half a value might fit in one"
+    );
+    data_batch(base_offset, epoch, records, MAX_LOG_VALUE_BYTES / 2)
+}
+
+/// Appends large batches at 0 (4 records, epoch 1) and 6 (3, epoch 2) and
+/// 9 (4, epoch 2), and a small one at 4 (2, epoch 1): end 13. Returns them.
+fn append_large_and_small<S: LogStore>(store: &mut S) -> Vec<Batch> {
+    let written = vec![
+        large_batch(0, 1, 4),
+        data_batch(4, 1, 2, 16),
+        large_batch(6, 2, 3),
+        large_batch(9, 2, 4),
+    ];
+    for b in &written {
+        store.append(b).expect("append");
+    }
+    written
 }
 
 fn bases(batches: &[Batch]) -> Vec<Offset> {
@@ -331,6 +357,86 @@ mod contract {
         );
     }
 
+    pub fn large_batches_are_read_and_truncated_whole<S: LogStore>(store: &mut S) {
+        let written = append_large_and_small(store);
+        assert_log(store, 0, 0, 13, &[(1, 0), (2, 6)]);
+        assert_eq!(store.read(0, 13, usize::MAX).unwrap(), written);
+        assert_eq!(store.read(7, 8, 0).unwrap(), written[2..3].to_vec(), "from inside one");
+        assert_eq!(bases(&store.read(1, 7, usize::MAX).unwrap()), vec![0, 4, 6]);
+        let two = written[2].size_bytes() + written[3].size_bytes();
+        assert_eq!(
+            bases(&store.read(6, 13, two).unwrap()),
+            vec![6, 9],
+            "max_bytes counts whole batches"
+        );
+        assert_eq!(bases(&store.read(6, 13, two - 1).unwrap()), vec![6]);
+
+        for inside in [1, 7, 12] {
+            assert!(
+                matches!(store.truncate(inside), Err(StorageError::Invalid(_))),
+                "truncation to {inside}, inside a large batch"
+            );
+        }
+        store.truncate(9).unwrap();
+        assert_log(store, 0, 0, 9, &[(1, 0), (2, 6)]);
+        assert_eq!(store.read(0, 100, usize::MAX).unwrap(), written[..3]);
+        store.truncate(6).unwrap();
+        let replacement = large_batch(6, 3, 5);
+        store.append(&replacement).unwrap();
+        assert_eq!(
+            store.read(6, 100, usize::MAX).unwrap(),
+            vec![replacement.clone()],
+            "the new batch, not a mix with the old one"
+        );
+        store.truncate(4).unwrap();
+        store.truncate(0).unwrap();
+        assert_log(store, 0, 0, 0, &[]);
+        store.append(&data_batch(0, 4, 1, 16)).unwrap();
+        assert_eq!(store.read(0, 100, usize::MAX).unwrap(), vec![data_batch(0, 4, 1, 16)]);
+    }
+
+    pub fn delete_before_keeps_or_drops_large_batches_whole<S: LogStore>(store: &mut S) {
+        let written = append_large_and_small(store);
+        store.flush().unwrap();
+        store.delete_before(2).unwrap();
+        assert_log(store, 0, 0, 13, &[(1, 0), (2, 6)]);
+        store.delete_before(7).unwrap();
+        assert_log(store, 6, 1, 13, &[(2, 6)]);
+        assert_eq!(store.read(6, 100, usize::MAX).unwrap(), written[2..]);
+        assert_read_below_start(store, 5);
+        store.delete_before(9).unwrap();
+        assert_log(store, 9, 2, 13, &[(2, 9)]);
+        assert_eq!(store.read(9, 100, usize::MAX).unwrap(), written[3..]);
+        store.delete_before(13).unwrap();
+        assert_log(store, 13, 2, 13, &[]);
+        assert!(store.read(13, 100, usize::MAX).unwrap().is_empty());
+        let next = large_batch(13, 2, 3);
+        store.append(&next).unwrap();
+        assert_eq!(store.read(13, 100, usize::MAX).unwrap(), vec![next]);
+    }
+
+    pub fn large_batches_survive_a_restart<S: LogStore>(mut fixture: Fixture<S>)
+    where
+        Fixture<S>: Restart,
+    {
+        let written = append_large_and_small(&mut fixture.store);
+        fixture.store.flush().unwrap();
+        let mut fixture = fixture.restart();
+        assert_log(&fixture.store, 0, 0, 13, &[(1, 0), (2, 6)]);
+        assert_eq!(fixture.store.read(0, 100, usize::MAX).unwrap(), written);
+
+        fixture.store.truncate(6).unwrap();
+        let replacement = large_batch(6, 3, 6);
+        fixture.store.append(&replacement).unwrap();
+        fixture.store.delete_before(5).unwrap();
+        let fixture = fixture.restart();
+        assert_log(&fixture.store, 4, 1, 12, &[(1, 4), (3, 6)]);
+        assert_eq!(
+            fixture.store.read(4, 100, usize::MAX).unwrap(),
+            vec![written[1].clone(), replacement]
+        );
+    }
+
     /// Four batches of 2 records in epochs 1, 1, 2, 2 (`[0, 8)`), flushed:
     /// compaction only takes flushed batches.
     fn four_flushed_batches<S: LogStore>(store: &mut S) {
@@ -593,9 +699,12 @@ macro_rules! contract_suite {
             reset_beyond_the_end_empties_the_log_at_the_new_start,
             reset_below_the_end_drops_the_whole_log,
             reset_drops_unflushed_appends_and_truncations_too,
+            large_batches_are_read_and_truncated_whole,
+            delete_before_keeps_or_drops_large_batches_whole,
             ;
             compaction_and_reset_survive_a_restart,
             compaction_and_reset_flush,
+            large_batches_survive_a_restart,
         );
     };
     (@tests $backend:ident, $fixture:path; $($name:ident,)* ; $($restarting:ident,)*) => {
@@ -629,9 +738,11 @@ mod backends_agree {
 
     #[derive(Clone, Debug)]
     enum Op {
+        /// `large`: records of a sled value each, which SledStore chunks.
         Append {
             records: usize,
             epoch_bump: bool,
+            large: bool,
         },
         /// Truncate to the boundary of batch `index % batches`.
         Truncate {
@@ -658,7 +769,8 @@ mod backends_agree {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => (1usize..4, any::<bool>()).prop_map(|(records, epoch_bump)| Op::Append { records, epoch_bump }),
+            4 => (1usize..4, any::<bool>(), proptest::bool::weighted(0.3))
+                .prop_map(|(records, epoch_bump, large)| Op::Append { records, epoch_bump, large }),
             1 => (0usize..16).prop_map(|index| Op::Truncate { index }),
             1 => Just(Op::Flush),
             2 => (0i64..40, 0i64..20, 0usize..200).prop_map(|(from, len, max_bytes)| Op::Read { from, len, max_bytes }),
@@ -700,10 +812,11 @@ mod backends_agree {
             for op in ops {
                 let end = model.last().map_or(start.0, Batch::next_offset);
                 match op {
-                    Op::Append { records, epoch_bump } => {
+                    Op::Append { records, epoch_bump, large } => {
                         epoch += epoch_bump as Epoch;
                         let base = end;
-                        let b = data_batch(base, epoch, records, 7);
+                        let bytes = if large { MAX_LOG_VALUE_BYTES } else { 7 };
+                        let b = data_batch(base, epoch, records, bytes);
                         memory.append(&b).unwrap();
                         sled.store.append(&b).unwrap();
                         model.push(b);
@@ -1060,8 +1173,23 @@ fn sled_dir(data_dir: &Path) -> PathBuf {
 }
 
 /// Runs `change` on the raw sled database of a closed store.
+///
+/// sled releases its file lock once the last of its threads lets go of the
+/// database, which may be a little after the store was dropped when the
+/// tests running beside keep sled's shared thread pool busy: wait for it,
+/// as `SledStore::open` does.
 fn with_raw_sled(data_dir: &Path, change: impl FnOnce(&sled::Db)) {
-    let db = sled::open(sled_dir(data_dir)).expect("raw sled open");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let db = loop {
+        match sled::open(sled_dir(data_dir)) {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened => break opened.expect("raw sled open"),
+        }
+    };
     change(&db);
     db.flush().expect("raw sled flush");
 }
@@ -1387,10 +1515,25 @@ fn raw_log_entries(data_dir: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
     entries
 }
 
+/// The base offset of every batch in the raw `log` tree of a closed store
+/// (once per batch, however many values it takes).
 fn raw_log_bases(data_dir: &Path) -> Vec<Offset> {
-    raw_log_entries(data_dir)
+    let mut bases: Vec<Offset> = raw_log_entries(data_dir)
         .iter()
-        .map(|(key, _)| Offset::from_be_bytes(key.as_slice().try_into().unwrap()))
+        .map(|(key, _)| Offset::from_be_bytes(key[..8].try_into().unwrap()))
+        .collect();
+    bases.dedup();
+    bases
+}
+
+/// The keys of the raw `log` tree of a closed store under base offset
+/// `base`: the batch's own key, then its chunks' (12 bytes: the base offset
+/// and the chunk index).
+fn raw_log_keys_of(data_dir: &Path, base: Offset) -> Vec<Vec<u8>> {
+    raw_log_entries(data_dir)
+        .into_iter()
+        .map(|(key, _)| key)
+        .filter(|key| key[..8] == base.to_be_bytes())
         .collect()
 }
 
@@ -1719,28 +1862,412 @@ fn sled_reader_never_mixes_batches_from_before_and_after_a_truncation() {
     assert!(reads > 0);
 }
 
+// ---------------------------------------------------------------------------
+// SledStore: batches larger than MAX_LOG_VALUE_BYTES are stored in chunks.
+
+/// Writes `append_large_and_small`'s log and flushes; returns it.
+fn write_chunked_sample_log(data_dir: &Path) -> Vec<Batch> {
+    let mut store = SledStore::open(data_dir, CLUSTER, NODE).unwrap();
+    let written = append_large_and_small(&mut store);
+    store.flush().unwrap();
+    written
+}
+
+/// Removes the raw `log` value under `key` of a closed store.
+fn remove_log_key(data_dir: &Path, key: &[u8]) {
+    with_raw_sled(data_dir, |db| {
+        let removed = db.open_tree("log").unwrap().remove(key).unwrap();
+        assert!(removed.is_some(), "no value under {key:?}");
+    });
+}
+
 #[test]
-fn sled_large_batches_survive_reopen() {
-    // Batches of 300 KiB are above sled's blob threshold: they live in
-    // files under blobs/, which the store syncs at each flush.
+fn sled_no_log_value_is_larger_than_max_log_value_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let written = {
+    let written = write_chunked_sample_log(dir.path());
+    let entries = raw_log_entries(dir.path());
+    for (key, value) in &entries {
+        assert!(
+            value.len() <= MAX_LOG_VALUE_BYTES,
+            "a value of {} bytes under {key:?}",
+            value.len()
+        );
+    }
+    assert_eq!(raw_log_bases(dir.path()), vec![0, 4, 6, 9]);
+    assert_eq!(
+        raw_log_keys_of(dir.path(), 4),
+        vec![4i64.to_be_bytes().to_vec()],
+        "a small batch is one value"
+    );
+    for (base, batch) in [(0, &written[0]), (6, &written[2]), (9, &written[3])] {
+        let keys = raw_log_keys_of(dir.path(), base);
+        let chunks = batch.size_bytes().div_ceil(MAX_LOG_VALUE_BYTES);
+        assert!(keys.len() >= chunks, "the batch at {base} takes {} values", keys.len());
+        for (index, key) in keys.iter().enumerate().skip(1) {
+            assert_eq!(key[8..], (index as u32).to_be_bytes(), "chunk keys are numbered from 1");
+        }
+    }
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_log(&store, 0, 0, 13, &[(1, 0), (2, 6)]);
+    assert_eq!(store.read(0, 100, usize::MAX).unwrap(), written);
+    assert_eq!(store.reader().read(7, 8, 0).unwrap(), written[2..3]);
+}
+
+#[test]
+fn sled_truncate_and_delete_before_remove_every_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = write_chunked_sample_log(dir.path());
+    assert!(raw_log_keys_of(dir.path(), 6).len() > 1, "the batch at 6 is chunked");
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    store.truncate(6).unwrap();
+    store.flush().unwrap();
+    drop(store);
+    assert_eq!(
+        raw_log_bases(dir.path()),
+        vec![0, 4],
+        "no chunk of the batches at 6 and 9 is left"
+    );
+
+    // A shorter batch at 6 takes fewer chunks than the one it replaces: a
+    // chunk left over from it would be taken for damage at open.
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    let replacement = large_batch(6, 3, 3);
+    store.append(&replacement).unwrap();
+    store.flush().unwrap();
+    store.delete_before(5).unwrap();
+    drop(store);
+    assert_eq!(
+        raw_log_bases(dir.path()),
+        vec![4, 6],
+        "no chunk of the batch at 0 is left"
+    );
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_log(&store, 4, 1, 9, &[(1, 4), (3, 6)]);
+    assert_eq!(
+        store.read(4, 100, usize::MAX).unwrap(),
+        vec![written[1].clone(), replacement]
+    );
+}
+
+#[test]
+fn sled_a_long_compaction_removes_whole_batches_and_an_interrupted_one_is_completed_at_open() {
+    // 150 batches of 2 values each: the compaction removes them in several
+    // sled batches, of whole batches each.
+    let dir = tempfile::tempdir().unwrap();
+    let written: Vec<Batch> = {
         let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
-        for base in 0..3 {
-            store.append(&data_batch(base, 1, 1, 300 * 1024)).unwrap();
+        for k in 0..150 {
+            store.append(&large_batch(k * 3, 1, 3)).unwrap();
         }
         store.flush().unwrap();
-        assert!(
-            store.blob_sync_count() >= 3,
-            "blob files were synced: {}",
-            store.blob_sync_count()
-        );
-        store.read(0, 3, usize::MAX).unwrap()
+        store.read(0, Offset::MAX, usize::MAX).unwrap()
     };
+    let before = raw_log_entries(dir.path());
+    assert_eq!(before.len(), 300, "two values a batch");
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    store.delete_before(400).unwrap();
+    assert_log(&store, 399, 1, 450, &[(1, 399)]);
+    drop(store);
+    assert_eq!(raw_log_bases(dir.path()), (133..150).map(|k| k * 3).collect::<Vec<_>>());
+
+    // As if a crash had stopped the removal after its first steps: the
+    // values of every batch from 90 on are back.
+    with_raw_sled(dir.path(), |db| {
+        let log = db.open_tree("log").unwrap();
+        for (key, value) in before.iter().filter(|(key, _)| key[..8] >= 90i64.to_be_bytes()[..]) {
+            log.insert(key.as_slice(), value.as_slice()).unwrap();
+        }
+    });
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).expect("the interrupted compaction is completed");
+    assert_log(&store, 399, 1, 450, &[(1, 399)]);
+    assert_eq!(store.read(399, Offset::MAX, usize::MAX).unwrap(), written[133..]);
+    drop(store);
+    assert_eq!(raw_log_bases(dir.path()), (133..150).map(|k| k * 3).collect::<Vec<_>>());
+}
+
+#[test]
+fn sled_reset_removes_every_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    write_chunked_sample_log(dir.path());
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    store.reset(20, 3).unwrap();
+    drop(store);
+    assert!(raw_log_entries(dir.path()).is_empty());
+}
+
+#[test]
+fn sled_a_torn_chunked_tail_is_truncated_at_open() {
+    // Each case takes away what a crash lost of the last batch (at 9).
+    type Tear = fn(&Path);
+    let cases: [(&str, Tear); 3] = [
+        ("its last chunk is missing", |dir| {
+            let last = raw_log_keys_of(dir, 9).pop().unwrap();
+            remove_log_key(dir, &last);
+        }),
+        ("its first chunk is missing", |dir| {
+            let first_chunk = raw_log_keys_of(dir, 9)[1].clone();
+            remove_log_key(dir, &first_chunk);
+        }),
+        ("its head is missing", |dir| remove_log_key(dir, &9i64.to_be_bytes())),
+    ];
+    for (case, tear) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_chunked_sample_log(dir.path());
+        tear(dir.path());
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_log(&store, 0, 0, 9, &[(1, 0), (2, 6)]);
+        assert_eq!(store.read(0, 100, usize::MAX).unwrap(), written[..3], "{case}");
+        let next = large_batch(9, 3, 3);
+        store.append(&next).unwrap();
+        store.flush().unwrap();
+        drop(store);
+        let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(store.read(9, 100, usize::MAX).unwrap(), vec![next], "{case}");
+    }
+}
+
+#[test]
+fn sled_a_torn_chunked_tail_below_the_high_watermark_hint_is_a_hard_error() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        append_large_and_small(&mut store);
+        store.set_high_watermark_hint(10);
+        store.flush().unwrap();
+    }
+    let last = raw_log_keys_of(dir.path(), 9).pop().unwrap();
+    remove_log_key(dir.path(), &last);
+    for _ in 0..2 {
+        let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+        assert_eq!(offset, 9, "{reason}");
+        assert!(
+            reason.contains("chunk") && reason.contains("high watermark hint 10"),
+            "{reason}"
+        );
+    }
+    assert_eq!(raw_log_bases(dir.path()), vec![0, 4, 6, 9], "nothing removed");
+}
+
+#[test]
+fn sled_a_missing_or_damaged_chunk_inside_the_log_is_a_hard_error() {
+    for damage in ["missing", "damaged"] {
+        let dir = tempfile::tempdir().unwrap();
+        write_chunked_sample_log(dir.path());
+        let chunk = raw_log_keys_of(dir.path(), 6)[1].clone();
+        if damage == "missing" {
+            remove_log_key(dir.path(), &chunk);
+        } else {
+            with_raw_sled(dir.path(), |db| {
+                let log = db.open_tree("log").unwrap();
+                let mut value = log.get(&chunk).unwrap().unwrap().to_vec();
+                value[10] ^= 0x5a;
+                log.insert(&chunk, value).unwrap();
+            });
+        }
+        let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+        assert_eq!(offset, 6, "{damage}: {reason}");
+        assert!(reason.contains("valid batch follows at offset 9"), "{damage}: {reason}");
+        if damage == "damaged" {
+            assert!(reason.contains("CRC"), "{reason}");
+        }
+    }
+}
+
+#[test]
+fn sled_a_stray_chunk_after_a_batch_is_damage() {
+    // A batch stored whole, or chunked with fewer chunks than follow it.
+    for base in [4i64, 9] {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_chunked_sample_log(dir.path());
+        let mut stray = base.to_be_bytes().to_vec();
+        stray.extend_from_slice(&(raw_log_keys_of(dir.path(), base).len() as u32).to_be_bytes());
+        with_raw_sled(dir.path(), |db| {
+            db.open_tree("log").unwrap().insert(stray, &[7u8; 10][..]).unwrap();
+        });
+        if base == 9 {
+            // At the tail: torn, cut.
+            let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+            assert_eq!(store.read(0, 100, usize::MAX).unwrap(), written[..3]);
+        } else {
+            let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
+            assert_eq!(offset, 4, "{reason}");
+            assert!(reason.contains("stored whole"), "{reason}");
+        }
+    }
+}
+
+#[test]
+fn sled_large_batches_stored_whole_by_earlier_versions_still_read() {
+    // Before chunking, every batch was one value, however large. Batches of
+    // 300 KiB are above sled's blob threshold too: they live in files under
+    // blobs/, which the store syncs at its durability points.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        store.append(&batch(0, 1, 1)).unwrap();
+        store.flush().unwrap();
+    }
+    let old: Vec<Batch> = (1..4).map(|base| data_batch(base, 1, 1, 300 * 1024)).collect();
+    with_raw_sled(dir.path(), |db| {
+        let log = db.open_tree("log").unwrap();
+        for b in &old {
+            log.insert(b.base_offset.to_be_bytes(), encode(b)).unwrap();
+        }
+    });
     let blobs = std::fs::read_dir(sled_dir(dir.path()).join("blobs")).unwrap().count();
     assert!(blobs >= 3, "sled stored large values as blobs ({blobs} files)");
-    let store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
-    assert_eq!(store.read(0, 3, usize::MAX).unwrap(), written);
+
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert!(
+        store.blob_sync_count() >= 3,
+        "the open synced the blob files: {}",
+        store.blob_sync_count()
+    );
+    assert_log(&store, 0, 0, 4, &[(1, 0)]);
+    assert_eq!(store.read(1, 100, usize::MAX).unwrap(), old);
+    let new = large_batch(4, 2, 3);
+    store.append(&new).unwrap();
+    store.flush().unwrap();
+    store.delete_before(2).unwrap();
+    drop(store);
+    assert_eq!(
+        raw_log_keys_of(dir.path(), 3).len(),
+        1,
+        "old batches are left as they are"
+    );
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    assert_log(&store, 2, 1, 7, &[(1, 2), (2, 4)]);
+    assert_eq!(
+        store.read(2, 100, usize::MAX).unwrap(),
+        vec![old[1].clone(), old[2].clone(), new]
+    );
+    store.truncate(3).unwrap();
+    assert_eq!(store.read(2, 100, usize::MAX).unwrap(), old[1..2]);
+}
+
+/// This process's resident memory (`VmRSS` of `/proc/self/status`), in MiB.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib / 1024.0
+}
+
+/// Set by `sled_memory_of_one_million_100_byte_records` for its child.
+const MEMORY_CHILD_ENV: &str = "KRAFT_STORAGE_MEMORY_CHILD_DIR";
+const MEMORY_RECORDS: usize = 1_000_000;
+
+/// Reads the whole log of `store` in reads of 1 MiB; returns how long it took.
+fn read_whole_log(store: &SledStore) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    let mut from = store.start_offset();
+    while from < store.end_offset() {
+        let batches = store.read(from, Offset::MAX, 1 << 20).unwrap();
+        from = batches.last().unwrap().next_offset();
+    }
+    started.elapsed()
+}
+
+/// The memory a node's log costs (the target: under 100 MiB of RSS with 1M
+/// records in the log), and what appends cost:
+/// `cargo test --release --locked --test storage_suite -- --ignored --nocapture sled_memory_of_one_million`
+///
+/// A child process then opens the same log, as a restarted node does (the
+/// open scans the whole log), and reads it all, as a lagging follower would.
+#[test]
+#[ignore]
+fn sled_memory_of_one_million_100_byte_records() {
+    const PER_BATCH: usize = 1_000;
+    const RECORD_BYTES: usize = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+    let rss_at_open = rss_mib();
+
+    // One batch of 1,000 records per append, flushed, as an HTTP append of
+    // 1,000 records does.
+    let (mut append_time, mut flush_time) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
+    for _ in 0..MEMORY_RECORDS / PER_BATCH {
+        let base = store.end_offset();
+        let records: Vec<Record> = (0..PER_BATCH)
+            .map(|i| {
+                let mut bytes = ((base + i as Offset) as u64).to_be_bytes().repeat(RECORD_BYTES / 8 + 1);
+                bytes.truncate(RECORD_BYTES);
+                Record::Data(bytes)
+            })
+            .collect();
+        let b = Batch::new(base, 1, &records);
+        let started = std::time::Instant::now();
+        store.append(&b).unwrap();
+        let appended = std::time::Instant::now();
+        store.flush().unwrap();
+        append_time += appended - started;
+        flush_time += appended.elapsed();
+    }
+    let rss_after_appends = rss_mib();
+    println!(
+        "{MEMORY_RECORDS} records of {RECORD_BYTES} B in batches of {PER_BATCH}, MAX_LOG_VALUE_BYTES \
+         {MAX_LOG_VALUE_BYTES}: RSS {rss_at_open:.1} MiB at open, {rss_after_appends:.1} MiB after the appends; \
+         append {:.0} ms + flush {:.0} ms ({:.0} records/s)",
+        append_time.as_secs_f64() * 1e3,
+        flush_time.as_secs_f64() * 1e3,
+        MEMORY_RECORDS as f64 / (append_time + flush_time).as_secs_f64(),
+    );
+    drop(store);
+
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "sled_memory_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(MEMORY_CHILD_ENV, dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "child failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // libtest prints the test's name on the line the child's output starts.
+    for line in stdout.lines().filter_map(|l| l.find("child:").map(|at| &l[at..])) {
+        println!("{line}");
+    }
+}
+
+/// Child half of `sled_memory_of_one_million_100_byte_records`.
+#[test]
+#[ignore]
+fn sled_memory_child() {
+    let Ok(dir) = std::env::var(MEMORY_CHILD_ENV) else {
+        return;
+    };
+    let rss_before = rss_mib();
+    let started = std::time::Instant::now();
+    let store = SledStore::open(Path::new(&dir), CLUSTER, NODE).unwrap();
+    let open_time = started.elapsed();
+    assert_eq!(store.end_offset(), MEMORY_RECORDS as Offset);
+    let rss_after_open = rss_mib();
+    let first_read = read_whole_log(&store);
+    let rss_after_read = rss_mib();
+    let second_read = read_whole_log(&store);
+    let rss_after_second_read = rss_mib();
+    let mut store = store;
+    let started = std::time::Instant::now();
+    store.delete_before(MEMORY_RECORDS as Offset * 9 / 10).unwrap();
+    let compaction_time = started.elapsed();
+    let rss_after_compaction = rss_mib();
+    println!(
+        "child: RSS {rss_before:.1} MiB before the open, {rss_after_open:.1} MiB after it ({:.0} ms), \
+         {rss_after_read:.1} MiB after reading the whole log ({:.0} ms), {rss_after_second_read:.1} MiB after \
+         reading it again ({:.0} ms), {rss_after_compaction:.1} MiB after compacting 90% of it ({:.0} ms)",
+        open_time.as_secs_f64() * 1e3,
+        first_read.as_secs_f64() * 1e3,
+        second_read.as_secs_f64() * 1e3,
+        compaction_time.as_secs_f64() * 1e3,
+    );
 }
 
 // ---------------------------------------------------------------------------
