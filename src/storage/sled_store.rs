@@ -618,6 +618,9 @@ impl LogStore for SledStore {
                 epoch: start_epoch,
                 reset_pending: false,
             })?;
+            // Durable before the removals, which take several sled batches:
+            // a crash between them then finds the new start on record.
+            self.make_durable()?;
             self.remove_front(removed, new_start)?;
             self.start_epoch = start_epoch;
             self.epochs.truncate_front(new_start, self.end_offset);
@@ -644,6 +647,9 @@ impl LogStore for SledStore {
             reset_pending: true,
         };
         self.write_log_start(&log_start)?;
+        // Durable before the removals (several sled batches): a crash
+        // between them finds the reset on record and finishes it at open.
+        self.make_durable()?;
         let mut removed = Vec::new();
         for entry in touch_each(&self.log, self.log.iter()) {
             let (key, _) = entry.map_err(sled_error)?;
@@ -927,6 +933,11 @@ fn read_log(
     let mut batches = Vec::new();
     while base < until {
         let Some(stored) = lookup_batch(log, base)? else {
+            if batches.is_empty() {
+                // The last key at or below `from` named this batch, so its
+                // head is gone: damage, not the log end.
+                return Err(corrupt(base, "a chunk of this batch has no head value"));
+            }
             // The log end.
             break;
         };
