@@ -12,7 +12,7 @@ use kraft::messages::codec::encode;
 use kraft::messages::{Batch, Record};
 use kraft::raft::{ElectionState, Epoch, Offset};
 use kraft::storage::sled_store::{IDENTITY_FILE, MAX_LOG_VALUE_BYTES, SLED_SUBDIR};
-use kraft::storage::{LogStore, MemoryStore, SledStore, StorageError};
+use kraft::storage::{LogStore, MemoryStore, SledStore, StorageError, FORMAT_VERSION};
 use tempfile::TempDir;
 
 const CLUSTER: &str = "cluster-a";
@@ -2423,4 +2423,56 @@ fn sled_fdatasync_is_issued_under_strace() {
         data_syncs as u64 >= helper_count,
         "expected {helper_count} fdatasyncs of {data_file}, saw {data_syncs}:\n{trace}"
     );
+}
+
+/// A data directory of format version 1 (one value per batch) opens, keeps
+/// its log, and is marked version 2 in both identity records, so that a
+/// build that reads only version 1 refuses it from then on. A version this
+/// build does not know is refused.
+#[test]
+fn sled_a_format_1_directory_is_upgraded_at_open_and_an_unknown_version_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = write_sample_log(dir.path());
+    let path = dir.path().join(IDENTITY_FILE);
+    let set_version = |version: u32| {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text: String = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("format.version=") {
+                    format!("format.version={version}\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        std::fs::write(&path, text).unwrap();
+        with_raw_sled(dir.path(), |db| {
+            let meta = db.open_tree("meta").unwrap();
+            let identity = kraft::storage::Identity {
+                cluster_id: CLUSTER.to_string(),
+                node_id: NODE,
+                format_version: version,
+            };
+            meta.insert("identity", kraft::messages::codec::encode(&identity))
+                .unwrap();
+        });
+    };
+    set_version(1);
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).expect("a version 1 directory opens");
+    assert_eq!(store.end_offset(), written.last().unwrap().next_offset());
+    drop(store);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(&format!("format.version={FORMAT_VERSION}")), "{text}");
+    with_raw_sled(dir.path(), |db| {
+        let meta = db.open_tree("meta").unwrap();
+        let identity: kraft::storage::Identity =
+            kraft::messages::codec::decode_bounded(&meta.get("identity").unwrap().unwrap(), 4096).unwrap();
+        assert_eq!(identity.format_version, FORMAT_VERSION);
+    });
+    set_version(FORMAT_VERSION + 1);
+    match SledStore::open(dir.path(), CLUSTER, NODE) {
+        Err(StorageError::IdentityMismatch { .. }) => {}
+        other => panic!("expected an identity mismatch, got {:?}", other.map(|_| ())),
+    }
 }

@@ -103,7 +103,15 @@ pub struct Identity {
     pub format_version: u32,
 }
 
-pub const FORMAT_VERSION: u32 = 1;
+/// The data directory's layout, in `meta.properties` and in sled's meta
+/// tree. 2: batches above 4 KiB are a head value plus chunks. A directory
+/// of version 1 (one value per batch; still read as such) is upgraded at
+/// open, so that a build that knows only version 1 refuses it afterwards
+/// instead of reading chunked batches as a damaged tail.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The oldest layout this build reads (and upgrades at open).
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
 /// Largest encoded batch a backend accepts, and the decode limit for a
 /// stored value: the 8 MiB batch cap with the same headroom

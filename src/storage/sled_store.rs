@@ -105,7 +105,7 @@ use std::time::{Duration, Instant};
 use super::memory::{below_start_epoch, check_reset};
 use super::{
     check_append, check_election_transition, EpochCache, Identity, LogStore, ReadBudget, Result, StorageError,
-    FORMAT_VERSION, MAX_STORED_BATCH_BYTES,
+    FORMAT_VERSION, MAX_STORED_BATCH_BYTES, OLDEST_FORMAT_VERSION,
 };
 use crate::messages::codec::{decode_bounded, encode};
 use crate::messages::Batch;
@@ -283,11 +283,11 @@ impl SledStore {
         };
         let identity_file = read_identity_file(dir)?;
         if let Some(found) = &identity_file {
-            if found != &expected {
+            if !readable_as(found, &expected) {
                 return Err(identity_mismatch(dir, found, &expected));
             }
         }
-        let fresh = check_identity(dir, &meta, &election_tree, &log, &expected)?;
+        let (fresh, meta_upgrade) = check_identity(dir, &meta, &election_tree, &log, &expected)?;
         if fresh && identity_file.is_some() {
             return Err(corrupt(
                 0,
@@ -361,7 +361,10 @@ impl SledStore {
             }
             store.log.apply_batch(removal).map_err(sled_error)?;
         }
-        if fresh {
+        if fresh || meta_upgrade {
+            if meta_upgrade {
+                tracing::info!(dir = %dir.display(), to = FORMAT_VERSION, "upgrading the data directory's format version");
+            }
             store.meta.insert(IDENTITY_KEY, encode(&expected)).map_err(sled_error)?;
         }
         // Always one durability point at open: besides the writes above, what
@@ -373,7 +376,7 @@ impl SledStore {
         // Only now that sled's identity is durable: a crash before this
         // line leaves a directory without the file, which the next open
         // completes, never a file beside an empty database.
-        if identity_file.is_none() {
+        if identity_file.is_none_or(|found| found.format_version != FORMAT_VERSION) {
             write_identity_file(dir, &expected)?;
         }
         Ok(store)
@@ -1331,15 +1334,15 @@ fn sync_created_files(sled_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Checks the identity record; returns true when the store is new and the
-/// identity must be written.
+/// Checks the identity record; returns (the store is new, the record is of
+/// an older format version): either way the identity must be written.
 fn check_identity(
     dir: &Path,
     meta: &sled::Tree,
     election_tree: &sled::Tree,
     log: &sled::Tree,
     expected: &Identity,
-) -> Result<bool> {
+) -> Result<(bool, bool)> {
     let Some(bytes) = meta.get(IDENTITY_KEY).map_err(sled_error)? else {
         let has_data = !log.is_empty() || !election_tree.is_empty();
         if has_data {
@@ -1349,14 +1352,21 @@ fn check_identity(
                 "holds no identity record, but the log or election state is not empty",
             ));
         }
-        return Ok(true);
+        return Ok((true, false));
     };
     let found: Identity = decode_bounded(&bytes, SMALL_VALUE_LIMIT)
         .map_err(|e| damaged_value(dir, META_TREE, &format!("identity record does not decode: {e}")))?;
-    if &found != expected {
+    if !readable_as(&found, expected) {
         return Err(identity_mismatch(dir, &found, expected));
     }
-    Ok(false)
+    Ok((false, found.format_version != expected.format_version))
+}
+
+/// Same cluster and node, and a format version this build reads.
+fn readable_as(found: &Identity, expected: &Identity) -> bool {
+    found.cluster_id == expected.cluster_id
+        && found.node_id == expected.node_id
+        && (OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&found.format_version)
 }
 
 fn identity_mismatch(dir: &Path, found: &Identity, expected: &Identity) -> StorageError {
