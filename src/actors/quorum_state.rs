@@ -379,7 +379,14 @@ impl QuorumState {
                     self.mutations_sent += 1;
                     self.unflushed.push_back((self.mutations_sent, batch.size_bytes()));
                     self.unflushed_bytes += batch.size_bytes();
-                    self.tail.on_append(&batch);
+                    // Only a leader answers fetches: elsewhere the copy
+                    // would be wasted, and dropping the cache keeps it a
+                    // contiguous mirror of the log's end (or empty).
+                    if self.node.role().role == RoleKind::Leader {
+                        self.tail.on_append(&batch);
+                    } else {
+                        self.tail.clear();
+                    }
                     if let Err(e) = self.appender.append(batch) {
                         return self.fatal(ctx, format!("cannot queue an append: {e}"));
                     }

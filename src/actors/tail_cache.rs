@@ -9,6 +9,9 @@
 //! instead of side by side. Kafka's leader serves the same reads from the
 //! page cache.
 //!
+//! It is filled only while this node leads (an append sent in any other
+//! role empties it).
+//!
 //! The cache mirrors exactly the mutations the actor sends to the storage
 //! thread, in the same order (appends, truncations, snapshot installs), so a
 //! read it answers equals what the store would answer after every command
