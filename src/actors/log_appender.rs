@@ -32,8 +32,8 @@
 //! runtime instead of a thread, for stores that never block: the
 //! actor-level simulator runs whole nodes that way on a paused clock.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -62,6 +62,29 @@ pub const MAX_QUEUED_COMMANDS: usize = 1 << 16;
 pub trait AppenderStore: LogStore {
     /// Everything below `hw` is committed and durable on this node.
     fn set_high_watermark_hint(&mut self, hw: Offset) -> storage::Result<()>;
+
+    /// A handle that reads the log from another thread, if the store has
+    /// one: snapshots are then written on a thread of their own while the
+    /// storage thread goes on appending and flushing. Without one (the
+    /// in-memory store of the simulator) they are written on the storage
+    /// thread, in order with everything else.
+    fn shared_reader(&self) -> Option<Box<dyn SharedLogReader>> {
+        None
+    }
+}
+
+/// Reads the log from a thread other than the storage thread (see
+/// [`AppenderStore::shared_reader`]): only committed, flushed offsets are
+/// read that way, and those never change.
+pub trait SharedLogReader: Send + 'static {
+    /// Same rules as [`LogStore::read`].
+    fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> storage::Result<Vec<Batch>>;
+}
+
+impl SharedLogReader for crate::storage::SledReader {
+    fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> storage::Result<Vec<Batch>> {
+        crate::storage::SledReader::read(self, from, until, max_bytes)
+    }
 }
 
 impl AppenderStore for crate::storage::SledStore {
@@ -69,6 +92,10 @@ impl AppenderStore for crate::storage::SledStore {
         // Persisted with the next flush.
         crate::storage::SledStore::set_high_watermark_hint(self, hw);
         Ok(())
+    }
+
+    fn shared_reader(&self) -> Option<Box<dyn SharedLogReader>> {
+        Some(Box::new(self.reader()))
     }
 }
 
@@ -202,7 +229,9 @@ enum Command {
         reply: oneshot::Sender<Result<SnapshotMeta, String>>,
     },
     DeleteSnapshot(SnapshotId),
-    DeleteBefore(Offset),
+    /// Compact the log below the end of this snapshot, which now holds
+    /// every record below the log start.
+    DeleteBefore(SnapshotId),
 }
 
 /// A piece of a snapshot file, for a FetchSnapshot response.
@@ -250,10 +279,8 @@ impl SnapshotFiles {
             .ok_or_else(|| "this node keeps no snapshot files".to_string())
     }
 
-    /// Writes the snapshot ending at `id.end_offset`: the records of the
-    /// `previous` snapshot, then the log's from there, batch by batch with
-    /// their offsets and epochs (the raw-record state machine's state is
-    /// its whole committed log).
+    /// Writes the snapshot `id` here, on the storage thread (for stores
+    /// without a [`SharedLogReader`]); see [`write_snapshot`].
     fn create(
         &mut self,
         store: &dyn AppenderStore,
@@ -261,36 +288,14 @@ impl SnapshotFiles {
         previous: Option<SnapshotId>,
     ) -> Result<SnapshotMeta, String> {
         let dir = self.dir()?.clone();
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let mut writer = SnapshotWriter::create(&dir, id, now_ms).map_err(|e| e.to_string())?;
-        let mut next = 0;
-        if let Some(previous) = previous {
-            let reader = SnapshotReader::open(&snapshot::path_of(&dir, previous)).map_err(|e| e.to_string())?;
-            for batch in reader.batches() {
-                let batch = batch.map_err(|e| e.to_string())?;
-                copy_batch(&mut writer, &batch)?;
-            }
-            next = previous.end_offset;
-        }
-        if next < store.start_offset() {
-            return Err(format!(
-                "the log starts at {} but the snapshot below it ends at {next}",
-                store.start_offset()
-            ));
-        }
-        while next < id.end_offset {
-            let batches = store.read(next, id.end_offset, 1 << 20).map_err(|e| e.to_string())?;
-            let Some(last) = batches.last() else {
-                return Err(format!("the log has nothing at offset {next}"));
-            };
-            next = last.next_offset();
-            for batch in batches.iter().filter(|b| b.base_offset < id.end_offset) {
-                copy_batch(&mut writer, batch)?;
-            }
-        }
-        let meta = writer.freeze().map_err(|e| e.to_string())?;
+        check_snapshot_reaches(previous, store.start_offset())?;
+        let meta = write_snapshot(
+            &dir,
+            id,
+            previous,
+            &|from, until, max| store.read(from, until, max),
+            &NOT_CANCELLED,
+        )?;
         self.use_latest(id);
         Ok(meta)
     }
@@ -443,6 +448,84 @@ fn copy_batch(writer: &mut SnapshotWriter, batch: &Batch) -> Result<(), String> 
         .map_err(|e| e.to_string())
 }
 
+/// Never set: for snapshots written on the storage thread.
+static NOT_CANCELLED: AtomicBool = AtomicBool::new(false);
+
+/// The log below its start is in `previous` (the newest snapshot), so a
+/// snapshot built from both misses nothing.
+fn check_snapshot_reaches(previous: Option<SnapshotId>, log_start: Offset) -> Result<(), String> {
+    let next = previous.map_or(0, |p| p.end_offset);
+    if next < log_start {
+        return Err(format!(
+            "the log starts at {log_start} but the snapshot below it ends at {next}"
+        ));
+    }
+    Ok(())
+}
+
+/// Writes the snapshot ending at `id.end_offset` into `dir`: the records of
+/// the `previous` snapshot, then the log's from there (read with `read`),
+/// batch by batch with their offsets and epochs (the raw-record state
+/// machine's state is its whole committed log). Gives up, removing the
+/// partial file, once `cancel` is set.
+fn write_snapshot(
+    dir: &Path,
+    id: SnapshotId,
+    previous: Option<SnapshotId>,
+    read: &dyn Fn(Offset, Offset, usize) -> storage::Result<Vec<Batch>>,
+    cancel: &AtomicBool,
+) -> Result<SnapshotMeta, String> {
+    let cancelled = || -> Result<(), String> {
+        match cancel.load(Ordering::Relaxed) {
+            true => Err(format!("writing snapshot {id:?} was cancelled")),
+            false => Ok(()),
+        }
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let mut writer = SnapshotWriter::create(dir, id, now_ms).map_err(|e| e.to_string())?;
+    let mut next = 0;
+    if let Some(previous) = previous {
+        let reader = SnapshotReader::open(&snapshot::path_of(dir, previous)).map_err(|e| e.to_string())?;
+        for batch in reader.batches() {
+            cancelled()?;
+            copy_batch(&mut writer, &batch.map_err(|e| e.to_string())?)?;
+        }
+        next = previous.end_offset;
+    }
+    while next < id.end_offset {
+        cancelled()?;
+        let batches = read(next, id.end_offset, 1 << 20).map_err(|e| e.to_string())?;
+        let Some(last) = batches.last() else {
+            return Err(format!("the log has nothing at offset {next}"));
+        };
+        next = last.next_offset();
+        for batch in batches.iter().filter(|b| b.base_offset < id.end_offset) {
+            copy_batch(&mut writer, batch)?;
+        }
+    }
+    writer.freeze().map_err(|e| e.to_string())
+}
+
+/// A snapshot being written on a thread of its own.
+struct SnapshotThread {
+    cancel: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl SnapshotThread {
+    /// Waits for it, cancelling it first if `cancel`.
+    fn stop(self, cancel: bool) {
+        if cancel {
+            self.cancel.store(true, Ordering::Relaxed);
+        }
+        if self.thread.join().is_err() {
+            error!("the snapshot thread panicked");
+        }
+    }
+}
+
 /// The handle to the storage thread. Cheap to clone; every clone feeds the
 /// same FIFO queue. Only the QuorumState actor sends mutations (append,
 /// truncate, election state), so their order is its order.
@@ -505,7 +588,8 @@ impl LogAppender {
     ) -> std::io::Result<(LogAppender, JoinHandle<()>)> {
         let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_COMMANDS);
         let counters = Arc::new(StorageCounters::default());
-        let worker = StorageThread::new(store, snapshot_dir, events, counters.clone());
+        let mut worker = StorageThread::new(store, snapshot_dir, events, counters.clone());
+        worker.name = format!("kraft-snapshot-{node_id}");
         let thread = std::thread::Builder::new()
             .name(format!("kraft-storage-{node_id}"))
             .spawn(move || worker.run(rx))?;
@@ -710,9 +794,10 @@ impl LogAppender {
         self.push(Command::DeleteSnapshot(id))
     }
 
-    /// Compacts the log below `offset` (durable once applied).
-    pub fn delete_before(&self, offset: Offset) -> Result<(), AppenderError> {
-        self.push(Command::DeleteBefore(offset))
+    /// Compacts the log below the end of `snapshot` (durable once
+    /// applied); reads below the new log start are then answered from it.
+    pub fn delete_before(&self, snapshot: SnapshotId) -> Result<(), AppenderError> {
+        self.push(Command::DeleteBefore(snapshot))
     }
 
     /// Applies everything queued, flushes once more and stops the thread.
@@ -747,6 +832,10 @@ fn fill(rx: &Receiver<Command>, group: &mut Vec<Command>) {
 struct StorageThread {
     store: Box<dyn AppenderStore>,
     snapshots: SnapshotFiles,
+    /// The snapshot being written beside this thread, if any.
+    snapshot_thread: Option<SnapshotThread>,
+    /// The name its thread gets.
+    name: String,
     events: mpsc::UnboundedSender<StorageEvent>,
     /// Appends and truncates applied so far (see [`StorageEvent::Flushed`]).
     mutations: u64,
@@ -776,6 +865,8 @@ impl StorageThread {
         StorageThread {
             store,
             snapshots: SnapshotFiles::new(snapshot_dir),
+            snapshot_thread: None,
+            name: "kraft-snapshot".to_string(),
             events,
             mutations: 0,
             counters,
@@ -806,6 +897,8 @@ impl StorageThread {
     }
 
     fn finish(mut self, exit: Exit) {
+        // The snapshot thread reads the store: it ends first.
+        self.stop_snapshot_thread(true);
         match exit {
             Exit::Shutdown(reply) => {
                 if self.flush_and_report().is_ok() {
@@ -880,9 +973,7 @@ impl StorageThread {
                         format!("high-watermark hint {hw}")
                     })?;
                 }
-                Command::CreateSnapshot { id, previous, reply } => {
-                    let _ = reply.send(self.snapshots.create(&*self.store, id, previous));
-                }
+                Command::CreateSnapshot { id, previous, reply } => self.create_snapshot(id, previous, reply),
                 Command::ReadSnapshotChunk {
                     id,
                     position,
@@ -897,7 +988,7 @@ impl StorageThread {
                     position,
                     bytes,
                 } => self.snapshots.write_chunk(id, size, position, &bytes),
-                Command::InstallSnapshot { id, reply } => match self.snapshots.finish_install(id) {
+                Command::InstallSnapshot { id, reply } => match self.finish_install(id) {
                     Ok(meta) => {
                         // Older snapshots end below the new log start.
                         self.snapshots.delete_older_than(id);
@@ -920,7 +1011,13 @@ impl StorageThread {
                         }
                     }
                 }
-                Command::DeleteBefore(offset) => {
+                Command::DeleteBefore(snapshot) => {
+                    let offset = snapshot.end_offset;
+                    if self.snapshots.latest.is_none_or(|l| l.end_offset < offset) {
+                        // Written on the snapshot thread: from now on it
+                        // answers the reads below the log start.
+                        self.snapshots.use_latest(snapshot);
+                    }
                     check(&self.events, self.store.delete_before(offset), || {
                         format!("compaction of the log below {offset}")
                     })?;
@@ -942,6 +1039,59 @@ impl StorageThread {
             flush: flush_requested,
             shutdown: None,
         })
+    }
+
+    /// Writes the snapshot `id` on a thread of its own when the store can
+    /// be read from there, else here. Only committed and flushed offsets
+    /// are read, which no later command changes: appends go on meanwhile,
+    /// and a truncation never reaches below the high watermark. The reply
+    /// comes from whichever thread wrote it.
+    fn create_snapshot(
+        &mut self,
+        id: SnapshotId,
+        previous: Option<SnapshotId>,
+        reply: oneshot::Sender<Result<SnapshotMeta, String>>,
+    ) {
+        // The QuorumState actor writes one at a time: an earlier one has
+        // answered already, and its thread is ending if not gone.
+        self.stop_snapshot_thread(false);
+        let (dir, reader) = match (self.snapshots.dir(), self.store.shared_reader()) {
+            (Ok(dir), Some(reader)) => (dir.clone(), reader),
+            _ => {
+                let _ = reply.send(self.snapshots.create(&*self.store, id, previous));
+                return;
+            }
+        };
+        if let Err(e) = check_snapshot_reaches(previous, self.store.start_offset()) {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        let cancelled = cancel.clone();
+        let spawned = std::thread::Builder::new().name(self.name.clone()).spawn(move || {
+            let read = |from, until, max| reader.read(from, until, max);
+            let _ = reply.send(write_snapshot(&dir, id, previous, &read, &cancelled));
+        });
+        match spawned {
+            Ok(thread) => self.snapshot_thread = Some(SnapshotThread { cancel, thread }),
+            // The reply went with the closure: the requester sees the
+            // snapshot abandoned.
+            Err(e) => error!(?id, "cannot start a thread to write the snapshot: {e}"),
+        }
+    }
+
+    fn stop_snapshot_thread(&mut self, cancel: bool) {
+        if let Some(thread) = self.snapshot_thread.take() {
+            thread.stop(cancel);
+        }
+    }
+
+    /// Installs the snapshot fetched from the leader. A snapshot still being
+    /// written here is given up first: the log it reads is about to be
+    /// replaced.
+    fn finish_install(&mut self, id: SnapshotId) -> Result<SnapshotMeta, String> {
+        self.stop_snapshot_thread(true);
+        self.snapshots.finish_install(id)
     }
 
     /// One durability point for the whole group, then the report.
@@ -994,6 +1144,33 @@ mod tests {
         gate: Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>,
         fail_appends: bool,
         hints: Arc<Mutex<Vec<Offset>>>,
+        /// What [`AppenderStore::shared_reader`] reads, if it has one.
+        shared: Option<Arc<SharedTestLog>>,
+    }
+
+    /// The log as another thread reads it: a copy of every append. Each
+    /// read returns the one batch holding `from`, after saying so on
+    /// `entered` and waiting for a token on `release` (or for `release` to
+    /// be dropped).
+    struct SharedTestLog {
+        batches: Mutex<Vec<Batch>>,
+        entered: Mutex<std::sync::mpsc::Sender<()>>,
+        release: Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    struct SharedTestReader(Arc<SharedTestLog>);
+
+    impl SharedLogReader for SharedTestReader {
+        fn read(&self, from: Offset, _until: Offset, _max_bytes: usize) -> storage::Result<Vec<Batch>> {
+            let _ = self.0.entered.lock().unwrap().send(());
+            let _ = self.0.release.lock().unwrap().recv();
+            let batches = self.0.batches.lock().unwrap();
+            Ok(batches
+                .iter()
+                .filter(|b| b.base_offset <= from && from < b.next_offset())
+                .cloned()
+                .collect())
+        }
     }
 
     impl LogStore for TestStore {
@@ -1006,6 +1183,9 @@ mod tests {
         fn append(&mut self, batch: &Batch) -> storage::Result<()> {
             if self.fail_appends {
                 return Err(StorageError::Io(std::io::Error::other("disk on fire")));
+            }
+            if let Some(shared) = &self.shared {
+                shared.batches.lock().unwrap().push(batch.clone());
             }
             self.inner.append(batch)
         }
@@ -1048,6 +1228,11 @@ mod tests {
             self.hints.lock().unwrap().push(hw);
             Ok(())
         }
+
+        fn shared_reader(&self) -> Option<Box<dyn SharedLogReader>> {
+            let shared = self.shared.clone()?;
+            Some(Box::new(SharedTestReader(shared)))
+        }
     }
 
     fn store() -> (TestStore, Arc<AtomicUsize>) {
@@ -1058,8 +1243,173 @@ mod tests {
             gate: None,
             fail_appends: false,
             hints: Arc::default(),
+            shared: None,
         };
         (store, flushes)
+    }
+
+    /// A store with a shared reader: `entered` hears of every read it
+    /// starts, `release` lets one go on (dropping it lets all go on).
+    fn shared_store() -> (TestStore, std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let (mut store, _) = store();
+        store.shared = Some(Arc::new(SharedTestLog {
+            batches: Mutex::default(),
+            entered: Mutex::new(entered_tx),
+            release: Mutex::new(release_rx),
+        }));
+        (store, entered, release)
+    }
+
+    /// The next event, or None after `LIVENESS_WAIT` (a hang, not a
+    /// timing check).
+    fn next_event(events: &mut mpsc::UnboundedReceiver<StorageEvent>) -> Option<StorageEvent> {
+        let deadline = Instant::now() + LIVENESS_WAIT;
+        while Instant::now() < deadline {
+            match events.try_recv() {
+                Ok(event) => return Some(event),
+                Err(mpsc::error::TryRecvError::Empty) => std::thread::sleep(Duration::from_millis(5)),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            }
+        }
+        None
+    }
+
+    /// How long a test waits for something that must happen before it
+    /// calls it a hang.
+    const LIVENESS_WAIT: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn appends_and_flushes_go_on_while_a_snapshot_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, entered, release) = shared_store();
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.path().into()), events).unwrap();
+        appender.append(batch(0, 1, 2)).unwrap();
+        appender.append(batch(2, 1, 2)).unwrap();
+        appender.flush().unwrap();
+        assert!(matches!(
+            next_event(&mut events_rx),
+            Some(StorageEvent::Flushed { durable_end: 4, .. })
+        ));
+
+        let id = SnapshotId {
+            end_offset: 4,
+            epoch: 1,
+        };
+        let mut created = appender.create_snapshot(id, None).unwrap();
+        entered
+            .recv_timeout(LIVENESS_WAIT)
+            .expect("the snapshot is read through the shared reader");
+        // The snapshot's read is held; the log goes on.
+        appender.append(batch(4, 1, 1)).unwrap();
+        appender.flush().unwrap();
+        assert_eq!(
+            next_event(&mut events_rx),
+            Some(StorageEvent::Flushed {
+                durable_end: 5,
+                mutations: 3
+            }),
+            "the flush did not wait for the snapshot"
+        );
+        assert!(created.try_recv().is_err(), "the snapshot is still being written");
+
+        drop(release);
+        let meta = block_on(created).unwrap().expect("written");
+        let reader = SnapshotReader::open(&meta.path).unwrap();
+        let bases: Vec<Offset> = reader.batches().map(|b| b.unwrap().base_offset).collect();
+        assert_eq!(bases, vec![0, 2], "the log up to its end, not what came after");
+        block_on(appender.shutdown().unwrap()).unwrap();
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn shutdown_waits_for_the_snapshot_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, entered, release) = shared_store();
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.path().into()), events).unwrap();
+        appender.append(batch(0, 1, 2)).unwrap();
+        appender.append(batch(2, 1, 2)).unwrap();
+        appender.flush().unwrap();
+        next_event(&mut events_rx).unwrap();
+        let id = SnapshotId {
+            end_offset: 4,
+            epoch: 1,
+        };
+        let mut created = appender.create_snapshot(id, None).unwrap();
+        entered.recv_timeout(LIVENESS_WAIT).unwrap();
+        let shutdown = appender.shutdown().unwrap();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(release);
+        });
+        block_on(shutdown).unwrap();
+        // The store (which the snapshot thread reads) is closed only after
+        // that thread has ended, so its answer is in already.
+        let answer = created.try_recv().expect("answered before the shutdown finished");
+        if let Err(e) = answer {
+            assert!(e.contains("cancelled"), "{e}");
+        }
+        thread.join().unwrap();
+        releaser.join().unwrap();
+        let part_files = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".part"))
+            .count();
+        assert_eq!(part_files, 0, "no partial snapshot is left behind");
+    }
+
+    #[test]
+    fn a_cancelled_snapshot_stops_and_removes_its_partial_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cancel = AtomicBool::new(false);
+        let id = SnapshotId {
+            end_offset: 4,
+            epoch: 1,
+        };
+        let read = |from: Offset, _until: Offset, _max: usize| {
+            cancel.store(true, Ordering::Relaxed);
+            Ok(vec![batch(from, 1, 2)])
+        };
+        let error = write_snapshot(dir.path(), id, None, &read, &cancel).expect_err("cancelled");
+        assert!(error.contains("cancelled"), "{error}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing left");
+    }
+
+    #[test]
+    fn reads_below_the_log_start_use_the_snapshot_it_was_compacted_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _entered, release) = shared_store();
+        drop(release);
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.path().into()), events).unwrap();
+        let mut previous = None;
+        for end in [4, 8] {
+            appender.append(batch(end - 4, 1, 2)).unwrap();
+            appender.append(batch(end - 2, 1, 2)).unwrap();
+            appender.flush().unwrap();
+            next_event(&mut events_rx).unwrap();
+            let id = SnapshotId {
+                end_offset: end,
+                epoch: 1,
+            };
+            block_on(appender.create_snapshot(id, previous).unwrap())
+                .unwrap()
+                .unwrap();
+            appender.delete_before(id).unwrap();
+            let below = block_on(appender.read(end - 4, end, 1 << 20).unwrap()).unwrap();
+            let bases: Vec<Offset> = below
+                .expect("answered from the snapshot")
+                .iter()
+                .map(|b| b.base_offset)
+                .collect();
+            assert_eq!(bases, vec![end - 4, end - 2]);
+            previous = Some(id);
+        }
+        block_on(appender.shutdown().unwrap()).unwrap();
+        thread.join().unwrap();
     }
 
     fn batch(base: Offset, epoch: Epoch, n: usize) -> Batch {
@@ -1182,7 +1532,12 @@ mod tests {
         appender.append(batch(2, 1, 1)).unwrap();
         appender.flush().unwrap();
         block_on(events_rx.recv()).unwrap();
-        appender.delete_before(2).unwrap();
+        appender
+            .delete_before(SnapshotId {
+                end_offset: 2,
+                epoch: 1,
+            })
+            .unwrap();
         // Below the log start, and this node keeps no snapshot files.
         let failed = block_on(appender.read(0, 2, 1 << 20).unwrap()).expect("answered, not dropped");
         let error = failed.expect_err("nothing holds offset 0");

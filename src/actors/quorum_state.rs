@@ -690,7 +690,7 @@ impl QuorumState {
                     warn!(?id, "writing a snapshot failed: {e}");
                     Err(e)
                 }
-                Err(_) => Err("the storage thread stopped".to_string()),
+                Err(_) => Err("the snapshot was abandoned: its thread or the storage thread stopped".to_string()),
             };
             let _ = tx.send(outcome);
         }));
@@ -720,7 +720,7 @@ impl QuorumState {
                 "compacting the log below the newest snapshot"
             );
             self.node.on_log_start_advanced(now, start.end_offset, start.epoch);
-            if let Err(e) = self.appender.delete_before(start.end_offset) {
+            if let Err(e) = self.appender.delete_before(start) {
                 return self.fatal(ctx, format!("cannot queue a compaction: {e}"));
             }
         }

@@ -77,10 +77,19 @@ impl SnapshotPolicy {
 
     /// True when a snapshot is due and `committed_end` (the committed,
     /// flushed end: where it would end) is past the newest one.
+    ///
+    /// Due after `max_interval_ms`, or after as many bytes of new records
+    /// as the larger of `max_bytes_between` and the newest snapshot. The
+    /// raw-record snapshot holds the whole committed log, so each one costs
+    /// what the log has ever held: one every `max_bytes_between` alone
+    /// would write a quadratic total, while growing the gap with the
+    /// snapshot keeps everything ever written to snapshots below about
+    /// twice the log (as a growing vector's copies are).
     pub fn snapshot_due(&self, now_ms: u64, committed_end: Offset) -> bool {
         let newer = self.latest().is_none_or(|l| committed_end > l.end_offset) && committed_end > 0;
-        let due =
-            self.bytes_since >= self.max_bytes_between || now_ms.saturating_sub(self.since_ms) >= self.max_interval_ms;
+        let newest_bytes = self.latest_held().map_or(0, |h| h.size_bytes);
+        let due = self.bytes_since >= self.max_bytes_between.max(newest_bytes)
+            || now_ms.saturating_sub(self.since_ms) >= self.max_interval_ms;
         newer && due
     }
 
@@ -199,6 +208,36 @@ mod tests {
         assert!(!p.snapshot_due(10, 80), "the counter restarts");
         assert!(!p.snapshot_due(70_000, 50), "not past the newest");
         assert!(p.snapshot_due(70_010, 80), "max_interval_ms passed");
+    }
+
+    #[test]
+    fn the_gap_between_snapshots_grows_with_the_newest_snapshot() {
+        let mut p = policy(vec![]);
+        let mut end = 0;
+        let mut written_bytes = 0;
+        let mut log_bytes = 0;
+        for _ in 0..1000 {
+            p.on_appended(100);
+            log_bytes += 100;
+            end += 1;
+            if p.snapshot_due(0, end) {
+                // Each snapshot holds the whole log.
+                written_bytes += log_bytes;
+                p.on_created(
+                    SnapshotId {
+                        end_offset: end,
+                        epoch: 1,
+                    },
+                    log_bytes,
+                    0,
+                );
+            }
+        }
+        // 1000, 2000, 4000, 8000, 16000, 32000, 64000: not one every 1000
+        // bytes (which would have written 5,050,000).
+        assert_eq!(p.latest().map(|l| l.end_offset), Some(640));
+        assert_eq!(written_bytes, 127_000);
+        assert!(written_bytes < 2 * log_bytes);
     }
 
     #[test]
