@@ -38,6 +38,12 @@ pub enum StorageError {
     /// inside a batch). A bug, reported rather than written.
     #[error("invalid log operation: {0}")]
     Invalid(String),
+    /// A change made in several writes (a compaction, a reset) failed part
+    /// way, so the store's view of the log no longer matches its disk. Every
+    /// later call is refused with this error; reopening the store recovers a
+    /// consistent log from the disk.
+    #[error("the store is unusable: {0}; reopen it to recover")]
+    Poisoned(String),
 }
 
 pub type Result<T> = std::result::Result<T, StorageError>;
@@ -69,6 +75,10 @@ pub type Result<T> = std::result::Result<T, StorageError>;
 ///   `delete_before` removed, or the `epoch` given to `reset`.
 /// - The log start and its epoch survive a reopen (sled keeps them in its
 ///   meta tree), also when the log is empty.
+/// - A backend that makes `delete_before` or `reset` in several writes and
+///   fails part way is *poisoned*: every later call that returns a
+///   `Result` fails with [`StorageError::Poisoned`] (the others report its
+///   view from before the failure) until it is reopened.
 pub trait LogStore: Send + 'static {
     fn election_state(&self) -> Result<ElectionState>;
     fn write_election_state(&mut self, state: &ElectionState) -> Result<()>;
