@@ -12,6 +12,11 @@ use crate::raft::{Epoch, NodeId, Offset};
 /// Largest batch, and largest fetch response, in bytes (Kafka's 8 MiB).
 pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
+/// Bytes of a [`Batch`]'s encoding besides its payload (bincode fixint, see
+/// [`super::codec`]): base offset 8, epoch 4, record count 4, CRC 4, and
+/// the payload's length 8.
+const BATCH_ENCODING_OVERHEAD_BYTES: usize = 28;
+
 /// One entry of the log or of a snapshot. Control records (LeaderChange,
 /// SnapshotHeader, SnapshotFooter) always sit in a batch of their own.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,9 +140,18 @@ impl Batch {
         self.base_offset + self.record_count as Offset
     }
 
-    /// Size this batch occupies in a fetch response or on disk.
+    /// The size read and fetch budgets (`max_bytes`) count for this batch:
+    /// its payload and a 24-byte header. Its encoding is 4 bytes longer
+    /// ([`Batch::encoded_len`]); a limit on what is stored or sent must use
+    /// that one.
     pub fn size_bytes(&self) -> usize {
         self.payload.len() + 24
+    }
+
+    /// Length of this batch's encoding ([`super::codec::encode`]): what a
+    /// store writes and must decode again.
+    pub fn encoded_len(&self) -> usize {
+        self.payload.len() + BATCH_ENCODING_OVERHEAD_BYTES
     }
 
     /// Decodes the records; fails (never panics) on damaged bytes or a count
@@ -172,6 +186,19 @@ mod tests {
         let mut batch = Batch::new(7, 3, &records);
         batch.epoch = 4;
         assert!(!batch.verify(), "the header is covered by the CRC");
+    }
+
+    #[test]
+    fn encoded_len_is_the_length_of_the_encoding() {
+        use crate::messages::codec::encode;
+        for records in [
+            vec![Record::NoOp],
+            vec![Record::Data(vec![1; 5000]), Record::NoOp],
+            vec![Record::Data(Vec::new()); 3],
+        ] {
+            let batch = Batch::new(i64::MAX - 10, i32::MAX, &records);
+            assert_eq!(batch.encoded_len(), encode(&batch).len(), "{records:?}");
+        }
     }
 
     #[test]

@@ -123,7 +123,7 @@ pub const FORMAT_VERSION: u32 = 2;
 /// The oldest layout this build reads (and upgrades at open).
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
-/// Largest encoded batch a backend accepts, and the decode limit for a
+/// Largest encoded batch ([`Batch::encoded_len`]) a backend accepts, and the decode limit for a
 /// stored value: the 8 MiB batch cap with the same headroom
 /// [`Batch::records`] allows, plus the fixed header. A batch the store could
 /// not decode again is refused at `append` rather than written.
@@ -165,10 +165,12 @@ pub(crate) fn check_append(end_offset: Offset, last_epoch: Option<Epoch>, batch:
             )));
         }
     }
-    if batch.size_bytes() > MAX_STORED_BATCH_BYTES {
+    // On its encoding, what sled stores and decodes again with this limit:
+    // a batch that passes is always read back.
+    if batch.encoded_len() > MAX_STORED_BATCH_BYTES {
         return Err(StorageError::Invalid(format!(
-            "append of a batch of {} bytes at offset {}, above the limit of {MAX_STORED_BATCH_BYTES}",
-            batch.size_bytes(),
+            "append of a batch encoded in {} bytes at offset {}, above the limit of {MAX_STORED_BATCH_BYTES}",
+            batch.encoded_len(),
             batch.base_offset
         )));
     }
