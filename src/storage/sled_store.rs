@@ -1006,7 +1006,7 @@ fn read_log(
     let mut base = first_base;
     let mut batches = Vec::new();
     while base < until {
-        let Some(stored) = lookup_batch(log, base)? else {
+        let Some(value) = log.get(offset_key(base)).map_err(sled_error)? else {
             if batches.is_empty() {
                 // The last key at or below `from` named this batch, so its
                 // head is gone: damage, not the log end.
@@ -1015,29 +1015,69 @@ fn read_log(
             // The log end.
             break;
         };
-        let batch = stored.decode_for_read()?;
-        if batches.is_empty() && batch.next_offset() <= from {
+        // Whether the batch is returned depends only on where it ends and
+        // how large it is, which its first bytes say: a read at the log end
+        // (a follower or listener waiting there) or past its budget takes
+        // none of its chunks.
+        let Some(peeked) = PeekedBatch::peek(base, &value) else {
+            // A batch that decodes always peeks: decoding says what is wrong.
+            let reason = with_chunks(log, base, value)?
+                .decode()
+                .err()
+                .unwrap_or_else(|| "its first bytes are not those of a batch".to_string());
+            return Err(corrupt(base, &reason));
+        };
+        if batches.is_empty() && peeked.next_offset <= from {
             // `from` is at or past the log end.
             return Ok(Vec::new());
         }
-        if !budget.try_take(batch.size_bytes()) {
+        if !budget.try_take(peeked.size_bytes) {
             break;
         }
+        // Decoded and checked whole: what was peeked only decides what is
+        // read, and is what the batch says once it passes its CRC.
+        let batch = with_chunks(log, base, value)?.decode_for_read()?;
         base = batch.next_offset();
         batches.push(batch);
     }
     Ok(batches)
 }
 
-/// The values of the batch stored under `base`, found by point lookups:
-/// its value, and when that is a chunked batch's head, the chunks it
-/// announces (up to the first missing one). `None` when no batch starts at
-/// `base`.
-fn lookup_batch(log: &sled::Tree, base: Offset) -> Result<Option<StoredBatch>> {
+/// Where a stored batch ends and how large it is ([`Batch::size_bytes`]),
+/// from the value under its base offset alone: a whole batch, or a chunked
+/// batch's head (which says how long the whole encoding is, and starts with
+/// its first bytes). Nothing is checked, so it only decides what a read
+/// takes; a batch returned is read whole and checked.
+struct PeekedBatch {
+    next_offset: Offset,
+    size_bytes: usize,
+}
+
+impl PeekedBatch {
+    /// `None` when `value` does not even begin like a batch under `base`.
+    fn peek(base: Offset, value: &[u8]) -> Option<PeekedBatch> {
+        let (encoding, encoded_bytes) = if value.starts_with(&CHUNKED_HEAD_MAGIC) {
+            let head = ChunkedHead::parse(value)?;
+            (&value[CHUNKED_HEAD_BYTES..], usize::try_from(head.total_bytes).ok()?)
+        } else {
+            (value, value.len())
+        };
+        let (base_offset, record_count) = Batch::peek_offsets(encoding)?;
+        if base_offset != base || record_count == 0 {
+            return None;
+        }
+        Some(PeekedBatch {
+            next_offset: base.checked_add(Offset::from(record_count))?,
+            size_bytes: Batch::size_bytes_of_encoding(encoded_bytes)?,
+        })
+    }
+}
+
+/// The values of the batch stored under `base`, whose value there is
+/// `value`: when that is a chunked batch's head, with the chunks it
+/// announces (up to the first missing one), found by point lookups.
+fn with_chunks(log: &sled::Tree, base: Offset, value: sled::IVec) -> Result<StoredBatch> {
     let key = offset_key(base);
-    let Some(value) = log.get(key).map_err(sled_error)? else {
-        return Ok(None);
-    };
     let chunks = match ChunkedHead::parse(&value) {
         Some(head) if value.starts_with(&CHUNKED_HEAD_MAGIC) => (head.chunks as usize).min(MAX_CHUNKS_PER_BATCH),
         _ => 0,
@@ -1046,13 +1086,15 @@ fn lookup_batch(log: &sled::Tree, base: Offset) -> Result<Option<StoredBatch>> {
     values.push((sled::IVec::from(&key[..]), value));
     for index in (1..).take(chunks) {
         let key = chunk_key(base, index);
+        #[cfg(test)]
+        tests::count_chunk_read();
         match log.get(key).map_err(sled_error)? {
             Some(chunk) => values.push((sled::IVec::from(&key[..]), chunk)),
             // `decode` names what is missing.
             None => break,
         }
     }
-    Ok(Some(StoredBatch { values }))
+    Ok(StoredBatch { values })
 }
 
 /// How many values [`remove_in_steps`] removes per sled batch (more when one
@@ -1621,6 +1663,22 @@ mod tests {
         static REMOVAL_STEPS_BEFORE_FAILURE: Cell<Option<usize>> = const { Cell::new(None) };
     }
 
+    thread_local! {
+        /// Chunk values the read path has looked up on this thread.
+        static CHUNK_READS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(super) fn count_chunk_read() {
+        CHUNK_READS.with(|reads| reads.set(reads.get() + 1));
+    }
+
+    /// How many chunk values `read` takes from sled on this thread.
+    fn chunk_reads(read: impl FnOnce()) -> u64 {
+        let before = CHUNK_READS.with(Cell::get);
+        read();
+        CHUNK_READS.with(Cell::get) - before
+    }
+
     /// Makes the step of `remove_in_steps` after the next `steps` fail (once).
     fn fail_removal_step_after(steps: usize) {
         REMOVAL_STEPS_BEFORE_FAILURE.with(|left| left.set(Some(steps)));
@@ -1873,6 +1931,81 @@ mod tests {
         drop(store);
         let store = SledStore::open(dir.path(), "c", 1).unwrap();
         assert_eq!((store.start_offset(), store.end_offset()), (7, 8));
+    }
+
+    /// A log of chunked and whole batches, compacted below 5: from there
+    /// batches of 3, 1, 2, 1, 3 records of a value each (stored in 2 to 4
+    /// values), each followed by a whole batch of one record, then one of 2
+    /// records, `[5, 22)`; and the same log in a `MemoryStore`.
+    fn mixed_log(dir: &Path) -> (SledStore, crate::storage::MemoryStore) {
+        let mut sled = SledStore::open(dir, "c", 1).unwrap();
+        let mut memory = crate::storage::MemoryStore::new();
+        let mut batches = vec![batch(0, 5)];
+        for records in [3, 1, 2, 1, 3] {
+            let base = batches.last().unwrap().next_offset();
+            batches.push(large_batch(base, records));
+            batches.push(batch(base + records as Offset, 1));
+        }
+        batches.push(large_batch(batches.last().unwrap().next_offset(), 2));
+        for store in [&mut sled as &mut dyn LogStore, &mut memory] {
+            for b in &batches {
+                store.append(b).unwrap();
+            }
+            store.flush().unwrap();
+            store.delete_before(5).unwrap();
+        }
+        (sled, memory)
+    }
+
+    #[test]
+    fn reads_answer_as_the_memory_store_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sled, memory) = mixed_log(dir.path());
+        let reader = sled.reader();
+        let end = memory.end_offset();
+        let one = MAX_LOG_VALUE_BYTES + 100;
+        for from in 0..end + 3 {
+            for until in [from, from + 1, from + 4, end, end + 10] {
+                for max_bytes in [0, one, 3 * one, 7 * one, usize::MAX] {
+                    let expected = memory.read(from, until, max_bytes).map_err(|e| e.to_string());
+                    for (who, read) in [
+                        ("store", sled.read(from, until, max_bytes)),
+                        ("reader", reader.read(from, until, max_bytes)),
+                    ] {
+                        assert_eq!(
+                            read.map_err(|e| e.to_string()),
+                            expected,
+                            "{who}: read({from}, {until}, {max_bytes})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_read_takes_chunks_only_of_the_batches_it_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = mixed_log(dir.path());
+        let reader = store.reader();
+        let end = store.end_offset();
+        let last = store.read(end - 1, end, usize::MAX).unwrap().remove(0);
+        assert_eq!(last.record_count, 2, "the log ends with a chunked batch");
+        for from in [end, end + 1, end + 100] {
+            let reads = chunk_reads(|| assert_eq!(reader.read(from, from + 10, usize::MAX).unwrap(), vec![]));
+            assert_eq!(reads, 0, "a read from {from}, at or past the log end {end}");
+            let reads = chunk_reads(|| assert_eq!(store.read(from, from + 10, usize::MAX).unwrap(), vec![]));
+            assert_eq!(reads, 0, "a store read from {from}");
+        }
+        // A read that returns the last batch takes its two chunks.
+        let reads = chunk_reads(|| assert_eq!(reader.read(end - 1, end, 0).unwrap(), vec![last.clone()]));
+        assert_eq!(reads, 2, "the counter counts");
+        // The budget takes the batches at 5 (3 records, a head and 3 chunks)
+        // and 8 (whole): the chunked one at 9 is not read.
+        let first_two = store.read(5, end, usize::MAX).unwrap()[..2].to_vec();
+        let budget = first_two.iter().map(Batch::size_bytes).sum();
+        let reads = chunk_reads(|| assert_eq!(reader.read(5, end, budget).unwrap(), first_two));
+        assert_eq!(reads, 3, "the chunks of the batch at 5 only");
     }
 
     /// Asserts that `result` is the refusal of a poisoned store.
