@@ -86,10 +86,15 @@ fn a_seed_replays_to_the_same_trace() {
 /// A single-voter node over an in-memory disk whose every flush takes an
 /// hour (a stalled disk), once it leads.
 async fn stalled_single_node() -> kraft::node::NodeHandle {
+    single_node(&actor_sim::disk::Disk::new(), std::time::Duration::from_secs(3600)).await
+}
+
+/// A single-voter node over `disk`, whose every flush takes `flush_delay`,
+/// once it leads.
+async fn single_node(disk: &actor_sim::disk::Disk, flush_delay: std::time::Duration) -> kraft::node::NodeHandle {
     use std::collections::BTreeMap;
     use std::time::Duration;
 
-    use actor_sim::disk::Disk;
     use actor_sim::net::Net;
     use actor_sim::world::node_config;
     use kraft::node::{self, CustomNode};
@@ -99,9 +104,9 @@ async fn stalled_single_node() -> kraft::node::NodeHandle {
     let net = Net::new(rand::rngs::SmallRng::seed_from_u64(1), Duration::from_millis(200));
     let (handle, inbound) = node::start_custom(CustomNode {
         config: node_config(1, &voters, false),
-        store: Box::new(Disk::new().open()),
+        store: Box::new(disk.open()),
         snapshot_dir: None,
-        flush_delay: Duration::from_secs(3600),
+        flush_delay,
         connect: Box::new(net.connector(1, 1)),
         seed: 1,
     })
@@ -182,5 +187,45 @@ fn client_log_reads_queued_on_a_stalled_disk_are_bounded() {
         }
         assert!(appended.is_ok(), "the node goes on: {appended:?}");
         handle.shutdown().await;
+    });
+}
+
+/// A failed flush is fatal for the node (STYLE.md §6): the append it was
+/// to make durable is never acknowledged, and the node stops by itself.
+/// (The waits below are bounded in virtual time, so that a node that never
+/// answers fails the test instead of hanging it.)
+#[test]
+fn a_failed_flush_acknowledges_nothing_and_stops_the_node() {
+    use std::time::Duration;
+
+    use actor_sim::disk::Disk;
+    use actor_sim::world::paused_system;
+    use kraft::node::AppendError;
+    use tokio::time::timeout;
+
+    const BOUND: Duration = Duration::from_secs(3600);
+    paused_system().block_on(async {
+        let disk = Disk::new();
+        let handle = single_node(&disk, Duration::from_millis(1)).await;
+        let committed = timeout(BOUND, handle.append(vec![b"before".to_vec()])).await;
+        assert!(matches!(committed, Ok(Ok(_))), "{committed:?}");
+
+        disk.fail_flushes();
+        // Larger than a sled value: a batch SledStore would chunk.
+        let outcome = timeout(BOUND, handle.append(vec![vec![7; 3 * 4096]]))
+            .await
+            .expect("the append is answered");
+        match outcome {
+            Err(AppendError::OutcomeUnknown(why)) => assert!(why.contains("the disk failed a flush"), "{why}"),
+            other => panic!("an append whose flush failed was answered {other:?}"),
+        }
+        timeout(BOUND, async {
+            while !handle.is_stopped() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the node stops by itself");
+        assert!(handle.describe().await.is_err(), "the stopped node answers nothing");
     });
 }

@@ -12,7 +12,7 @@ use kraft::messages::codec::encode;
 use kraft::messages::{Batch, Record};
 use kraft::raft::{ElectionState, Epoch, Offset};
 use kraft::storage::sled_store::{IDENTITY_FILE, MAX_LOG_VALUE_BYTES, SLED_SUBDIR};
-use kraft::storage::{LogStore, MemoryStore, SledStore, StorageError, FORMAT_VERSION};
+use kraft::storage::{LogStore, MemoryStore, SledStore, StorageError, FORMAT_VERSION, MAX_STORED_BATCH_BYTES};
 use tempfile::TempDir;
 
 const CLUSTER: &str = "cluster-a";
@@ -37,6 +37,15 @@ fn large_batch(base_offset: Offset, epoch: Epoch, records: usize) -> Batch {
         "a batch of {records} records of half a value might fit in one"
     );
     data_batch(base_offset, epoch, records, MAX_LOG_VALUE_BYTES / 2)
+}
+
+/// A batch of one data record whose encoding, which is what SledStore
+/// stores, is `encoded_bytes` long.
+fn batch_encoded_as(base_offset: Offset, epoch: Epoch, encoded_bytes: usize) -> Batch {
+    let overhead = encode(&Batch::new(base_offset, epoch, &[Record::Data(Vec::new())])).len();
+    let batch = Batch::new(base_offset, epoch, &[Record::Data(vec![7; encoded_bytes - overhead])]);
+    assert_eq!(encode(&batch).len(), encoded_bytes);
+    batch
 }
 
 /// Appends large batches at 0 (4 records, epoch 1) and 6 (3, epoch 2) and
@@ -437,6 +446,38 @@ mod contract {
         );
     }
 
+    /// The size limit is on what is stored: a batch whose encoding is
+    /// exactly `MAX_STORED_BATCH_BYTES` is kept and read back, also after a
+    /// restart; one byte more is refused before anything is written, also
+    /// within the 4 bytes by which `size_bytes` falls short of the encoding.
+    pub fn batches_up_to_the_stored_size_limit_are_kept_and_larger_ones_refused<S: LogStore>(mut fixture: Fixture<S>)
+    where
+        Fixture<S>: Restart,
+    {
+        let first = batch(0, 1, 1);
+        fixture.store.append(&first).unwrap();
+        for encoded_bytes in [
+            MAX_STORED_BATCH_BYTES + 1,
+            MAX_STORED_BATCH_BYTES + 4,
+            MAX_STORED_BATCH_BYTES + 5,
+        ] {
+            let too_large = batch_encoded_as(1, 1, encoded_bytes);
+            match fixture.store.append(&too_large) {
+                Err(StorageError::Invalid(message)) => assert!(message.contains("above the limit"), "{message}"),
+                other => panic!("append of a batch encoded in {encoded_bytes} bytes: {other:?}"),
+            }
+            assert_log(&fixture.store, 0, 0, 1, &[(1, 0)]);
+            assert_eq!(fixture.store.read(0, 100, usize::MAX).unwrap(), vec![first.clone()]);
+        }
+        let largest = batch_encoded_as(1, 1, MAX_STORED_BATCH_BYTES);
+        fixture.store.append(&largest).unwrap();
+        assert_eq!(fixture.store.read(1, 2, usize::MAX).unwrap(), vec![largest.clone()]);
+        fixture.store.flush().unwrap();
+        let fixture = fixture.restart();
+        assert_log(&fixture.store, 0, 0, 2, &[(1, 0)]);
+        assert_eq!(fixture.store.read(0, 2, usize::MAX).unwrap(), vec![first, largest]);
+    }
+
     /// Four batches of 2 records in epochs 1, 1, 2, 2 (`[0, 8)`), flushed:
     /// compaction only takes flushed batches.
     fn four_flushed_batches<S: LogStore>(store: &mut S) {
@@ -705,6 +746,7 @@ macro_rules! contract_suite {
             compaction_and_reset_survive_a_restart,
             compaction_and_reset_flush,
             large_batches_survive_a_restart,
+            batches_up_to_the_stored_size_limit_are_kept_and_larger_ones_refused,
         );
     };
     (@tests $backend:ident, $fixture:path; $($name:ident,)* ; $($restarting:ident,)*) => {

@@ -1134,15 +1134,16 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
-    /// A memory store that counts flushes, can hold the first one until
-    /// released (to queue commands behind it deterministically) and can be
-    /// told to fail appends.
+    /// A store (a memory store unless replaced) that counts flushes, can
+    /// hold the first one until released (to queue commands behind it
+    /// deterministically) and can be told to fail appends or flushes.
     struct TestStore {
-        inner: MemoryStore,
+        inner: Box<dyn LogStore>,
         flushes: Arc<AtomicUsize>,
         /// (entered, release): the first flush says it started, then waits.
         gate: Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>,
         fail_appends: bool,
+        fail_flushes: bool,
         hints: Arc<Mutex<Vec<Offset>>>,
         /// What [`AppenderStore::shared_reader`] reads, if it has one.
         shared: Option<Arc<SharedTestLog>>,
@@ -1198,6 +1199,9 @@ mod tests {
                 let _ = release.recv();
             }
             self.flushes.fetch_add(1, Ordering::SeqCst);
+            if self.fail_flushes {
+                return Err(StorageError::Io(std::io::Error::other("fdatasync failed")));
+            }
             self.inner.flush()
         }
         fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> storage::Result<Vec<Batch>> {
@@ -1238,10 +1242,11 @@ mod tests {
     fn store() -> (TestStore, Arc<AtomicUsize>) {
         let flushes = Arc::new(AtomicUsize::new(0));
         let store = TestStore {
-            inner: MemoryStore::new(),
+            inner: Box::new(MemoryStore::new()),
             flushes: flushes.clone(),
             gate: None,
             fail_appends: false,
+            fail_flushes: false,
             hints: Arc::default(),
             shared: None,
         };
@@ -1521,6 +1526,51 @@ mod tests {
         thread.join().unwrap();
         assert_eq!(appender.flush(), Err(AppenderError::Stopped));
         assert!(block_on(events_rx.recv()).is_none(), "the thread is gone");
+    }
+
+    /// A chunked batch whose flush fails (DESIGN.md §4, STYLE.md §6): the
+    /// failure is reported instead of a flush, so nothing is acknowledged
+    /// as durable, and the thread stops.
+    #[test]
+    fn a_failed_flush_of_a_chunked_batch_is_reported_and_stops_the_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, flushes) = store();
+        store.inner = Box::new(crate::storage::SledStore::open(dir.path(), "c", 1).unwrap());
+        store.fail_flushes = true;
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), None, events).unwrap();
+        let chunked = Batch::new(
+            0,
+            1,
+            &[Record::Data(vec![
+                7;
+                3 * crate::storage::sled_store::MAX_LOG_VALUE_BYTES
+            ])],
+        );
+        appender.append(chunked.clone()).unwrap();
+        let read = appender.read(0, 1, usize::MAX).unwrap();
+        assert_eq!(
+            block_on(read).unwrap(),
+            Ok(vec![chunked]),
+            "the append itself went through"
+        );
+        appender.flush().unwrap();
+        match block_on(events_rx.recv()).unwrap() {
+            StorageEvent::Failed(message) => {
+                assert!(
+                    message.contains("flush") && message.contains("fdatasync failed"),
+                    "{message}"
+                )
+            }
+            other => panic!("expected the failure, got {other:?}"),
+        }
+        thread.join().unwrap();
+        assert_eq!(flushes.load(Ordering::SeqCst), 1, "no flush was tried again");
+        assert!(
+            block_on(events_rx.recv()).is_none(),
+            "no event follows: nothing was flushed"
+        );
+        assert_eq!(appender.append(batch(1, 1, 1)), Err(AppenderError::Stopped));
     }
 
     #[test]

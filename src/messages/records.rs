@@ -12,6 +12,14 @@ use crate::raft::{Epoch, NodeId, Offset};
 /// Largest batch, and largest fetch response, in bytes (Kafka's 8 MiB).
 pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
+/// Bytes [`Batch::size_bytes`] counts besides the payload.
+const BATCH_SIZE_HEADER_BYTES: usize = 24;
+
+/// Bytes of a [`Batch`]'s encoding besides its payload (bincode fixint, see
+/// [`super::codec`]): base offset 8, epoch 4, record count 4, CRC 4, and
+/// the payload's length 8.
+const BATCH_ENCODING_OVERHEAD_BYTES: usize = 28;
+
 /// One entry of the log or of a snapshot. Control records (LeaderChange,
 /// SnapshotHeader, SnapshotFooter) always sit in a batch of their own.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,9 +143,36 @@ impl Batch {
         self.base_offset + self.record_count as Offset
     }
 
-    /// Size this batch occupies in a fetch response or on disk.
+    /// The size read and fetch budgets (`max_bytes`) count for this batch:
+    /// its payload and a 24-byte header. Its encoding is 4 bytes longer
+    /// ([`Batch::encoded_len`]); a limit on what is stored or sent must use
+    /// that one.
     pub fn size_bytes(&self) -> usize {
-        self.payload.len() + 24
+        self.payload.len() + BATCH_SIZE_HEADER_BYTES
+    }
+
+    /// The [`Batch::size_bytes`] of the batch whose encoding is
+    /// `encoded_len` bytes long; `None` when no batch's is that short.
+    pub fn size_bytes_of_encoding(encoded_len: usize) -> Option<usize> {
+        let payload_bytes = encoded_len.checked_sub(BATCH_ENCODING_OVERHEAD_BYTES)?;
+        Some(payload_bytes + BATCH_SIZE_HEADER_BYTES)
+    }
+
+    /// The base offset and record count an encoded batch begins with (the
+    /// fields come in declaration order, fixint big-endian), read without
+    /// decoding, let alone checking, the rest; `None` when `encoding` is too
+    /// short to hold them.
+    pub fn peek_offsets(encoding: &[u8]) -> Option<(Offset, u32)> {
+        let base_offset = Offset::from_be_bytes(encoding.get(..8)?.try_into().ok()?);
+        // The epoch (4 bytes) lies between.
+        let record_count = u32::from_be_bytes(encoding.get(12..16)?.try_into().ok()?);
+        Some((base_offset, record_count))
+    }
+
+    /// Length of this batch's encoding ([`super::codec::encode`]): what a
+    /// store writes and must decode again.
+    pub fn encoded_len(&self) -> usize {
+        self.payload.len() + BATCH_ENCODING_OVERHEAD_BYTES
     }
 
     /// Decodes the records; fails (never panics) on damaged bytes or a count
@@ -172,6 +207,27 @@ mod tests {
         let mut batch = Batch::new(7, 3, &records);
         batch.epoch = 4;
         assert!(!batch.verify(), "the header is covered by the CRC");
+    }
+
+    #[test]
+    fn encoded_len_size_and_offsets_agree_with_the_encoding() {
+        use crate::messages::codec::encode;
+        for records in [
+            vec![Record::NoOp],
+            vec![Record::Data(vec![1; 5000]), Record::NoOp],
+            vec![Record::Data(Vec::new()); 3],
+        ] {
+            let batch = Batch::new(i64::MAX - 10, i32::MAX, &records);
+            let encoded = encode(&batch);
+            assert_eq!(batch.encoded_len(), encoded.len(), "{records:?}");
+            assert_eq!(Batch::size_bytes_of_encoding(encoded.len()), Some(batch.size_bytes()));
+            assert_eq!(
+                Batch::peek_offsets(&encoded[..16]),
+                Some((batch.base_offset, batch.record_count))
+            );
+        }
+        assert_eq!(Batch::peek_offsets(&[0; 15]), None);
+        assert_eq!(Batch::size_bytes_of_encoding(27), None);
     }
 
     #[test]

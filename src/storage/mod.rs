@@ -38,6 +38,12 @@ pub enum StorageError {
     /// inside a batch). A bug, reported rather than written.
     #[error("invalid log operation: {0}")]
     Invalid(String),
+    /// A change made in several writes (a compaction, a reset) failed part
+    /// way, so the store's view of the log no longer matches its disk. Every
+    /// later call is refused with this error; reopening the store recovers a
+    /// consistent log from the disk.
+    #[error("the store is unusable: {0}; reopen it to recover")]
+    Poisoned(String),
 }
 
 pub type Result<T> = std::result::Result<T, StorageError>;
@@ -69,6 +75,10 @@ pub type Result<T> = std::result::Result<T, StorageError>;
 ///   `delete_before` removed, or the `epoch` given to `reset`.
 /// - The log start and its epoch survive a reopen (sled keeps them in its
 ///   meta tree), also when the log is empty.
+/// - A backend that makes `delete_before` or `reset` in several writes and
+///   fails part way is *poisoned*: every later call that returns a
+///   `Result` fails with [`StorageError::Poisoned`] (the others report its
+///   view from before the failure) until it is reopened.
 pub trait LogStore: Send + 'static {
     fn election_state(&self) -> Result<ElectionState>;
     fn write_election_state(&mut self, state: &ElectionState) -> Result<()>;
@@ -113,7 +123,7 @@ pub const FORMAT_VERSION: u32 = 2;
 /// The oldest layout this build reads (and upgrades at open).
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
-/// Largest encoded batch a backend accepts, and the decode limit for a
+/// Largest encoded batch ([`Batch::encoded_len`]) a backend accepts, and the decode limit for a
 /// stored value: the 8 MiB batch cap with the same headroom
 /// [`Batch::records`] allows, plus the fixed header. A batch the store could
 /// not decode again is refused at `append` rather than written.
@@ -155,10 +165,12 @@ pub(crate) fn check_append(end_offset: Offset, last_epoch: Option<Epoch>, batch:
             )));
         }
     }
-    if batch.size_bytes() > MAX_STORED_BATCH_BYTES {
+    // On its encoding, what sled stores and decodes again with this limit:
+    // a batch that passes is always read back.
+    if batch.encoded_len() > MAX_STORED_BATCH_BYTES {
         return Err(StorageError::Invalid(format!(
-            "append of a batch of {} bytes at offset {}, above the limit of {MAX_STORED_BATCH_BYTES}",
-            batch.size_bytes(),
+            "append of a batch encoded in {} bytes at offset {}, above the limit of {MAX_STORED_BATCH_BYTES}",
+            batch.encoded_len(),
             batch.base_offset
         )));
     }

@@ -85,6 +85,12 @@
 //! finds the mark removes every batch: old batches at or above the new start
 //! would otherwise pass for a log.
 //!
+//! A compaction or a reset that fails part way (an error, not a crash)
+//! leaves sled holding part of the change and the store's view of the log
+//! none of it, so it *poisons* the store: every later call, its readers'
+//! too, fails with [`StorageError::Poisoned`], and the next open recovers as
+//! from a crash at that point.
+//!
 //! That covers damage to our values. Damage inside sled's own data file is
 //! different: sled's recovery silently keeps only what precedes the first
 //! damaged record of its log (measured: random byte flips bring back a
@@ -99,7 +105,7 @@ use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use super::memory::{below_start_epoch, check_reset};
@@ -233,6 +239,10 @@ pub struct SledStore {
     /// Held for writing while a truncation, a compaction or a reset removes
     /// batches, and for reading by every [`SledReader`] read (see there).
     truncation_lock: Arc<RwLock<()>>,
+    /// Why this store is unusable, once a compaction or a reset failed part
+    /// way (see [`SledStore::poison`]); shared with every [`SledReader`].
+    /// Never cleared: a reopen makes a new store.
+    poisoned: Arc<OnceLock<String>>,
 }
 
 impl std::fmt::Debug for SledStore {
@@ -245,6 +255,7 @@ impl std::fmt::Debug for SledStore {
             .field("epochs", &self.epochs)
             .field("high_watermark_hint", &self.high_watermark_hint)
             .field("fsync_count", &self.fsync_count)
+            .field("poisoned", &self.poisoned.get())
             .finish_non_exhaustive()
     }
 }
@@ -324,6 +335,7 @@ impl SledStore {
             persisted_hw_hint: high_watermark_hint,
             fsync_count: 0,
             truncation_lock: Arc::new(RwLock::new(())),
+            poisoned: Arc::new(OnceLock::new()),
         };
         if !recovered.stale.is_empty() {
             let reason = if log_start.reset_pending {
@@ -389,6 +401,7 @@ impl SledStore {
             log: self.log.clone(),
             start: Arc::clone(&self.reader_start),
             truncation_lock: Arc::clone(&self.truncation_lock),
+            poisoned: Arc::clone(&self.poisoned),
         }
     }
 
@@ -444,13 +457,52 @@ impl SledStore {
     }
 
     /// Removes the `log` values under `keys` and moves the log start, with
-    /// readers excluded (see [`SledReader`]).
+    /// readers excluded (see [`SledReader`]). A failure poisons the store
+    /// before readers are let in again: some steps may have removed their
+    /// batches, and the log start readers see is the old one.
     fn remove_front(&mut self, keys: Vec<sled::IVec>, start_offset: Offset) -> Result<()> {
         let _no_readers = self.truncation_lock.write().unwrap_or_else(|e| e.into_inner());
-        remove_in_steps(&self.log, keys)?;
+        if let Err(e) = remove_in_steps(&self.log, keys) {
+            self.poison(format!(
+                "removing batches to start the log at {start_offset} failed part way ({e})"
+            ));
+            return Err(e);
+        }
         self.start_offset = start_offset;
         self.reader_start.store(start_offset, Ordering::Release);
         Ok(())
+    }
+
+    /// Refuses the call when the store is poisoned.
+    fn check_usable(&self) -> Result<()> {
+        check_usable(&self.poisoned)
+    }
+
+    /// Makes this store and its readers refuse every later call: a change
+    /// made in several sled writes (a compaction, a reset) failed part way,
+    /// so sled holds part of it and this store's view (log start and end,
+    /// epochs) none. Going on would serve reads from that stale view, and
+    /// appends after a half-done reset would be removed by the next open,
+    /// which completes the reset. The next open finds the new log start
+    /// durable (it is written before any removal) and recovers from it.
+    fn poison(&self, reason: String) {
+        if self.poisoned.set(reason).is_ok() {
+            tracing::error!(
+                dir = %self.dir.display(),
+                reason = %self.poisoned.get().map_or("", String::as_str),
+                "the log store is unusable until reopened"
+            );
+        }
+    }
+
+    /// Runs `steps`, the writes of a change made in several sled writes,
+    /// and poisons the store if one of them fails (see [`SledStore::poison`]).
+    fn all_or_poison(&mut self, what: &str, steps: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        let result = steps(self);
+        if let Err(e) = &result {
+            self.poison(format!("{what} failed part way ({e})"));
+        }
+        result
     }
 
     /// Debug-build check of the invariants written on the fields.
@@ -476,10 +528,12 @@ impl SledStore {
 
 impl LogStore for SledStore {
     fn election_state(&self) -> Result<ElectionState> {
+        self.check_usable()?;
         Ok(self.election.clone())
     }
 
     fn write_election_state(&mut self, state: &ElectionState) -> Result<()> {
+        self.check_usable()?;
         check_election_transition(&self.election, state)?;
         self.election_tree
             .insert(ELECTION_KEY, encode(state))
@@ -490,6 +544,7 @@ impl LogStore for SledStore {
     }
 
     fn append(&mut self, batch: &Batch) -> Result<()> {
+        self.check_usable()?;
         check_append(self.end_offset, self.epochs.last_epoch(), batch)?;
         if self.epochs.last_epoch().is_none() && batch.epoch < self.start_epoch {
             return Err(below_start_epoch(batch, self.start_epoch));
@@ -513,6 +568,7 @@ impl LogStore for SledStore {
     }
 
     fn truncate(&mut self, end_offset: Offset) -> Result<()> {
+        self.check_usable()?;
         if end_offset < self.start_offset {
             return Err(StorageError::Invalid(format!(
                 "truncation to {end_offset}, below the log start {}",
@@ -563,6 +619,7 @@ impl LogStore for SledStore {
     }
 
     fn flush(&mut self) -> Result<()> {
+        self.check_usable()?;
         let hint = self.high_watermark_hint;
         if hint != self.persisted_hw_hint {
             self.meta.insert(HW_HINT_KEY, encode(&hint)).map_err(sled_error)?;
@@ -573,13 +630,15 @@ impl LogStore for SledStore {
     }
 
     fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>> {
+        self.check_usable()?;
         read_log(&self.log, self.start_offset, from, until, max_bytes)
     }
 
     /// Writes the new log start, then removes the batches below it, then
     /// flushes: a crash in between leaves batches below the start, which the
-    /// next open removes.
+    /// next open removes, and a failure in between poisons the store.
     fn delete_before(&mut self, offset: Offset) -> Result<()> {
+        self.check_usable()?;
         if offset > self.end_offset {
             return Err(StorageError::Invalid(format!(
                 "compaction below {offset}, past the log end {}",
@@ -616,26 +675,32 @@ impl LogStore for SledStore {
                 .epochs
                 .epoch_at(last_base)
                 .ok_or_else(|| corrupt(last_base, "the epoch cache has no epoch for a batch of the log"))?;
-            self.write_log_start(&LogStart {
-                offset: new_start,
-                epoch: start_epoch,
-                reset_pending: false,
+            self.all_or_poison(&format!("compaction below {offset}"), |store| {
+                store.write_log_start(&LogStart {
+                    offset: new_start,
+                    epoch: start_epoch,
+                    reset_pending: false,
+                })?;
+                // Durable before the removals, which take several sled
+                // batches: a crash between them then finds the new start on
+                // record.
+                store.make_durable()?;
+                store.remove_front(removed, new_start)?;
+                store.start_epoch = start_epoch;
+                store.epochs.truncate_front(new_start, store.end_offset);
+                store.check_invariants();
+                Ok(())
             })?;
-            // Durable before the removals, which take several sled batches:
-            // a crash between them then finds the new start on record.
-            self.make_durable()?;
-            self.remove_front(removed, new_start)?;
-            self.start_epoch = start_epoch;
-            self.epochs.truncate_front(new_start, self.end_offset);
-            self.check_invariants();
         }
         self.flush()
     }
 
     /// Writes the new log start marked pending, removes every batch, clears
     /// the mark, then flushes. Refused below the high watermark hint, like a
-    /// truncation: committed offsets would be lost.
+    /// truncation: committed offsets would be lost. A failure after the
+    /// first write poisons the store; the next open completes the reset.
     fn reset(&mut self, start_offset: Offset, start_epoch: Epoch) -> Result<()> {
+        self.check_usable()?;
         check_reset(start_offset, start_epoch)?;
         if start_offset < self.high_watermark_hint {
             return Err(StorageError::Invalid(format!(
@@ -649,25 +714,27 @@ impl LogStore for SledStore {
             epoch: start_epoch,
             reset_pending: true,
         };
-        self.write_log_start(&log_start)?;
-        // Durable before the removals (several sled batches): a crash
-        // between them finds the reset on record and finishes it at open.
-        self.make_durable()?;
-        let mut removed = Vec::new();
-        for entry in touch_each(&self.log, self.log.iter()) {
-            let (key, _) = entry.map_err(sled_error)?;
-            removed.push(key);
-        }
-        self.remove_front(removed, start_offset)?;
-        self.write_log_start(&LogStart {
-            reset_pending: false,
-            ..log_start
-        })?;
-        self.start_epoch = start_epoch;
-        self.end_offset = start_offset;
-        self.epochs.clear();
-        self.check_invariants();
-        self.flush()
+        self.all_or_poison(&format!("reset of the log to start at {start_offset}"), |store| {
+            store.write_log_start(&log_start)?;
+            // Durable before the removals (several sled batches): a crash
+            // between them finds the reset on record and finishes it at open.
+            store.make_durable()?;
+            let mut removed = Vec::new();
+            for entry in touch_each(&store.log, store.log.iter()) {
+                let (key, _) = entry.map_err(sled_error)?;
+                removed.push(key);
+            }
+            store.remove_front(removed, start_offset)?;
+            store.write_log_start(&LogStart {
+                reset_pending: false,
+                ..log_start
+            })?;
+            store.start_epoch = start_epoch;
+            store.end_offset = start_offset;
+            store.epochs.clear();
+            store.check_invariants();
+            store.flush()
+        })
     }
 
     fn start_offset(&self) -> Offset {
@@ -701,14 +768,18 @@ pub struct SledReader {
     /// The store's log start (see `SledStore::reader_start`).
     start: Arc<AtomicI64>,
     truncation_lock: Arc<RwLock<()>>,
+    /// The store's poison (see `SledStore::poison`).
+    poisoned: Arc<OnceLock<String>>,
 }
 
 impl SledReader {
     /// Same rules as [`LogStore::read`]; a damaged batch is an error, never
-    /// returned.
+    /// returned. Fails with [`StorageError::Poisoned`] once the store is.
     pub fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>> {
         // The lock guards no data, so a poisoned one is as good as any.
         let _no_truncation = self.truncation_lock.read().unwrap_or_else(|e| e.into_inner());
+        // Under the lock: a store poisons itself before it lets readers in.
+        check_usable(&self.poisoned)?;
         read_log(&self.log, self.start.load(Ordering::Acquire), from, until, max_bytes)
     }
 }
@@ -935,7 +1006,7 @@ fn read_log(
     let mut base = first_base;
     let mut batches = Vec::new();
     while base < until {
-        let Some(stored) = lookup_batch(log, base)? else {
+        let Some(value) = log.get(offset_key(base)).map_err(sled_error)? else {
             if batches.is_empty() {
                 // The last key at or below `from` named this batch, so its
                 // head is gone: damage, not the log end.
@@ -944,29 +1015,69 @@ fn read_log(
             // The log end.
             break;
         };
-        let batch = stored.decode_for_read()?;
-        if batches.is_empty() && batch.next_offset() <= from {
+        // Whether the batch is returned depends only on where it ends and
+        // how large it is, which its first bytes say: a read at the log end
+        // (a follower or listener waiting there) or past its budget takes
+        // none of its chunks.
+        let Some(peeked) = PeekedBatch::peek(base, &value) else {
+            // A batch that decodes always peeks: decoding says what is wrong.
+            let reason = with_chunks(log, base, value)?
+                .decode()
+                .err()
+                .unwrap_or_else(|| "its first bytes are not those of a batch".to_string());
+            return Err(corrupt(base, &reason));
+        };
+        if batches.is_empty() && peeked.next_offset <= from {
             // `from` is at or past the log end.
             return Ok(Vec::new());
         }
-        if !budget.try_take(batch.size_bytes()) {
+        if !budget.try_take(peeked.size_bytes) {
             break;
         }
+        // Decoded and checked whole: what was peeked only decides what is
+        // read, and is what the batch says once it passes its CRC.
+        let batch = with_chunks(log, base, value)?.decode_for_read()?;
         base = batch.next_offset();
         batches.push(batch);
     }
     Ok(batches)
 }
 
-/// The values of the batch stored under `base`, found by point lookups:
-/// its value, and when that is a chunked batch's head, the chunks it
-/// announces (up to the first missing one). `None` when no batch starts at
-/// `base`.
-fn lookup_batch(log: &sled::Tree, base: Offset) -> Result<Option<StoredBatch>> {
+/// Where a stored batch ends and how large it is ([`Batch::size_bytes`]),
+/// from the value under its base offset alone: a whole batch, or a chunked
+/// batch's head (which says how long the whole encoding is, and starts with
+/// its first bytes). Nothing is checked, so it only decides what a read
+/// takes; a batch returned is read whole and checked.
+struct PeekedBatch {
+    next_offset: Offset,
+    size_bytes: usize,
+}
+
+impl PeekedBatch {
+    /// `None` when `value` does not even begin like a batch under `base`.
+    fn peek(base: Offset, value: &[u8]) -> Option<PeekedBatch> {
+        let (encoding, encoded_bytes) = if value.starts_with(&CHUNKED_HEAD_MAGIC) {
+            let head = ChunkedHead::parse(value)?;
+            (&value[CHUNKED_HEAD_BYTES..], usize::try_from(head.total_bytes).ok()?)
+        } else {
+            (value, value.len())
+        };
+        let (base_offset, record_count) = Batch::peek_offsets(encoding)?;
+        if base_offset != base || record_count == 0 {
+            return None;
+        }
+        Some(PeekedBatch {
+            next_offset: base.checked_add(Offset::from(record_count))?,
+            size_bytes: Batch::size_bytes_of_encoding(encoded_bytes)?,
+        })
+    }
+}
+
+/// The values of the batch stored under `base`, whose value there is
+/// `value`: when that is a chunked batch's head, with the chunks it
+/// announces (up to the first missing one), found by point lookups.
+fn with_chunks(log: &sled::Tree, base: Offset, value: sled::IVec) -> Result<StoredBatch> {
     let key = offset_key(base);
-    let Some(value) = log.get(key).map_err(sled_error)? else {
-        return Ok(None);
-    };
     let chunks = match ChunkedHead::parse(&value) {
         Some(head) if value.starts_with(&CHUNKED_HEAD_MAGIC) => (head.chunks as usize).min(MAX_CHUNKS_PER_BATCH),
         _ => 0,
@@ -975,13 +1086,15 @@ fn lookup_batch(log: &sled::Tree, base: Offset) -> Result<Option<StoredBatch>> {
     values.push((sled::IVec::from(&key[..]), value));
     for index in (1..).take(chunks) {
         let key = chunk_key(base, index);
+        #[cfg(test)]
+        tests::count_chunk_read();
         match log.get(key).map_err(sled_error)? {
             Some(chunk) => values.push((sled::IVec::from(&key[..]), chunk)),
             // `decode` names what is missing.
             None => break,
         }
     }
-    Ok(Some(StoredBatch { values }))
+    Ok(StoredBatch { values })
 }
 
 /// How many values [`remove_in_steps`] removes per sled batch (more when one
@@ -1005,13 +1118,21 @@ fn remove_in_steps(log: &sled::Tree, keys: Vec<sled::IVec>) -> Result<()> {
     for key in keys {
         let base = key_base(&key);
         if in_step >= REMOVED_VALUES_PER_STEP && (base.is_none() || base != last_base) {
-            log.apply_batch(std::mem::take(&mut step)).map_err(sled_error)?;
+            apply_removal_step(log, std::mem::take(&mut step))?;
             in_step = 0;
         }
         step.remove(key);
         in_step += 1;
         last_base = base;
     }
+    apply_removal_step(log, step)
+}
+
+/// One step of [`remove_in_steps`]. Tests can make it fail (see
+/// `tests::fail_removal_step_after`): sled offers no way to.
+fn apply_removal_step(log: &sled::Tree, step: sled::Batch) -> Result<()> {
+    #[cfg(test)]
+    tests::maybe_fail_removal_step()?;
     log.apply_batch(step).map_err(sled_error)
 }
 
@@ -1505,6 +1626,13 @@ fn damaged_value(dir: &Path, tree: &str, what: &str) -> StorageError {
     ))
 }
 
+fn check_usable(poisoned: &OnceLock<String>) -> Result<()> {
+    match poisoned.get() {
+        Some(reason) => Err(StorageError::Poisoned(reason.clone())),
+        None => Ok(()),
+    }
+}
+
 fn corrupt(offset: Offset, reason: &str) -> StorageError {
     StorageError::Corrupt {
         offset,
@@ -1527,6 +1655,48 @@ fn sled_error(e: sled::Error) -> StorageError {
 mod tests {
     use super::*;
     use crate::messages::Record;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// How many more steps of `remove_in_steps` succeed before one
+        /// fails; `None`: none fails. Per thread, so per test.
+        static REMOVAL_STEPS_BEFORE_FAILURE: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+
+    thread_local! {
+        /// Chunk values the read path has looked up on this thread.
+        static CHUNK_READS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(super) fn count_chunk_read() {
+        CHUNK_READS.with(|reads| reads.set(reads.get() + 1));
+    }
+
+    /// How many chunk values `read` takes from sled on this thread.
+    fn chunk_reads(read: impl FnOnce()) -> u64 {
+        let before = CHUNK_READS.with(Cell::get);
+        read();
+        CHUNK_READS.with(Cell::get) - before
+    }
+
+    /// Makes the step of `remove_in_steps` after the next `steps` fail (once).
+    fn fail_removal_step_after(steps: usize) {
+        REMOVAL_STEPS_BEFORE_FAILURE.with(|left| left.set(Some(steps)));
+    }
+
+    pub(super) fn maybe_fail_removal_step() -> Result<()> {
+        REMOVAL_STEPS_BEFORE_FAILURE.with(|left| match left.get() {
+            None => Ok(()),
+            Some(0) => {
+                left.set(None);
+                Err(StorageError::Io(io::Error::other("injected failure of a removal step")))
+            }
+            Some(steps) => {
+                left.set(Some(steps - 1));
+                Ok(())
+            }
+        })
+    }
 
     fn batch(base: Offset, records: usize) -> Batch {
         Batch::new(base, 1, &vec![Record::NoOp; records])
@@ -1761,6 +1931,184 @@ mod tests {
         drop(store);
         let store = SledStore::open(dir.path(), "c", 1).unwrap();
         assert_eq!((store.start_offset(), store.end_offset()), (7, 8));
+    }
+
+    /// A log of chunked and whole batches, compacted below 5: from there
+    /// batches of 3, 1, 2, 1, 3 records of a value each (stored in 2 to 4
+    /// values), each followed by a whole batch of one record, then one of 2
+    /// records, `[5, 22)`; and the same log in a `MemoryStore`.
+    fn mixed_log(dir: &Path) -> (SledStore, crate::storage::MemoryStore) {
+        let mut sled = SledStore::open(dir, "c", 1).unwrap();
+        let mut memory = crate::storage::MemoryStore::new();
+        let mut batches = vec![batch(0, 5)];
+        for records in [3, 1, 2, 1, 3] {
+            let base = batches.last().unwrap().next_offset();
+            batches.push(large_batch(base, records));
+            batches.push(batch(base + records as Offset, 1));
+        }
+        batches.push(large_batch(batches.last().unwrap().next_offset(), 2));
+        for store in [&mut sled as &mut dyn LogStore, &mut memory] {
+            for b in &batches {
+                store.append(b).unwrap();
+            }
+            store.flush().unwrap();
+            store.delete_before(5).unwrap();
+        }
+        (sled, memory)
+    }
+
+    #[test]
+    fn reads_answer_as_the_memory_store_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sled, memory) = mixed_log(dir.path());
+        let reader = sled.reader();
+        let end = memory.end_offset();
+        let one = MAX_LOG_VALUE_BYTES + 100;
+        for from in 0..end + 3 {
+            for until in [from, from + 1, from + 4, end, end + 10] {
+                for max_bytes in [0, one, 3 * one, 7 * one, usize::MAX] {
+                    let expected = memory.read(from, until, max_bytes).map_err(|e| e.to_string());
+                    for (who, read) in [
+                        ("store", sled.read(from, until, max_bytes)),
+                        ("reader", reader.read(from, until, max_bytes)),
+                    ] {
+                        assert_eq!(
+                            read.map_err(|e| e.to_string()),
+                            expected,
+                            "{who}: read({from}, {until}, {max_bytes})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_read_takes_chunks_only_of_the_batches_it_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = mixed_log(dir.path());
+        let reader = store.reader();
+        let end = store.end_offset();
+        let last = store.read(end - 1, end, usize::MAX).unwrap().remove(0);
+        assert_eq!(last.record_count, 2, "the log ends with a chunked batch");
+        for from in [end, end + 1, end + 100] {
+            let reads = chunk_reads(|| assert_eq!(reader.read(from, from + 10, usize::MAX).unwrap(), vec![]));
+            assert_eq!(reads, 0, "a read from {from}, at or past the log end {end}");
+            let reads = chunk_reads(|| assert_eq!(store.read(from, from + 10, usize::MAX).unwrap(), vec![]));
+            assert_eq!(reads, 0, "a store read from {from}");
+        }
+        // A read that returns the last batch takes its two chunks.
+        let reads = chunk_reads(|| assert_eq!(reader.read(end - 1, end, 0).unwrap(), vec![last.clone()]));
+        assert_eq!(reads, 2, "the counter counts");
+        // The budget takes the batches at 5 (3 records, a head and 3 chunks)
+        // and 8 (whole): the chunked one at 9 is not read.
+        let first_two = store.read(5, end, usize::MAX).unwrap()[..2].to_vec();
+        let budget = first_two.iter().map(Batch::size_bytes).sum();
+        let reads = chunk_reads(|| assert_eq!(reader.read(5, end, budget).unwrap(), first_two));
+        assert_eq!(reads, 3, "the chunks of the batch at 5 only");
+    }
+
+    /// Asserts that `result` is the refusal of a poisoned store.
+    #[track_caller]
+    fn assert_poisoned<T: std::fmt::Debug>(what: &str, result: Result<T>) {
+        match result {
+            Err(e @ StorageError::Poisoned(_)) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("injected failure") && message.contains("reopen"),
+                    "{what}: {message}"
+                );
+            }
+            Err(e) => panic!("{what} on a poisoned store: {e}"),
+            Ok(value) => panic!("{what} on a poisoned store succeeded: {value:?}"),
+        }
+    }
+
+    /// Every operation of `store` and of its `reader` that can fail does.
+    fn assert_store_poisoned(store: &mut SledStore, reader: &SledReader) {
+        let (start, end) = (store.start_offset(), store.end_offset());
+        assert_poisoned("read", store.read(start, end, usize::MAX));
+        assert_poisoned("a reader's read", reader.read(start, end, usize::MAX));
+        assert_poisoned("election_state", store.election_state());
+        let vote = ElectionState {
+            epoch: 5,
+            voted_for: Some(1),
+            leader_id: None,
+        };
+        assert_poisoned("write_election_state", store.write_election_state(&vote));
+        assert_poisoned("append", store.append(&Batch::new(end, 5, &[Record::NoOp])));
+        assert_poisoned("truncate", store.truncate(end));
+        assert_poisoned("flush", store.flush());
+        assert_poisoned("delete_before", store.delete_before(end));
+        assert_poisoned("reset", store.reset(end + 100, 5));
+    }
+
+    /// A store holding 150 chunked batches of one record (two values each,
+    /// so removing them all takes two steps), flushed; and the batches.
+    fn store_of_150_chunked_batches(dir: &Path) -> (SledStore, Vec<Batch>) {
+        let mut store = SledStore::open(dir, "c", 1).unwrap();
+        let written: Vec<Batch> = (0..150).map(|base| large_batch(base, 1)).collect();
+        for b in &written {
+            store.append(b).unwrap();
+        }
+        store.flush().unwrap();
+        assert_eq!(store.log.len(), 300, "a head and a chunk per batch");
+        (store, written)
+    }
+
+    #[test]
+    fn a_compaction_whose_removal_fails_part_way_poisons_the_store_until_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, written) = store_of_150_chunked_batches(dir.path());
+        let reader = store.reader();
+        // The 140 batches below 140 take two steps (256 values, then 24):
+        // the first removes the batches below 128, the second fails.
+        fail_removal_step_after(1);
+        let error = store.delete_before(140).expect_err("the second step fails");
+        assert!(error.to_string().contains("injected"), "{error}");
+        assert_eq!(
+            key_base(&store.log.first().unwrap().unwrap().0),
+            Some(128),
+            "the first step was applied"
+        );
+        assert_store_poisoned(&mut store, &reader);
+        drop((store, reader));
+
+        // The new log start was durable before the removals began: the open
+        // removes what the failed step left below it.
+        let store = SledStore::open(dir.path(), "c", 1).unwrap();
+        assert_eq!(
+            (store.start_offset(), store.start_epoch(), store.end_offset()),
+            (140, 1, 150)
+        );
+        assert_eq!(store.epoch_cache(), vec![(1, 140)]);
+        assert_eq!(store.read(140, 150, usize::MAX).unwrap(), written[140..]);
+        assert_eq!(store.log.len(), 20, "no value below the log start is left");
+    }
+
+    #[test]
+    fn a_reset_whose_removal_fails_part_way_poisons_the_store_until_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = store_of_150_chunked_batches(dir.path());
+        let reader = store.reader();
+        // 300 values: 256 go in the first step, the second fails.
+        fail_removal_step_after(1);
+        let error = store.reset(1000, 2).expect_err("the second step fails");
+        assert!(error.to_string().contains("injected"), "{error}");
+        assert_eq!(store.log.len(), 44, "the first step was applied");
+        assert_store_poisoned(&mut store, &reader);
+        drop((store, reader));
+
+        // The pending reset was durable before the removals began: the open
+        // completes it.
+        let store = SledStore::open(dir.path(), "c", 1).unwrap();
+        assert_eq!(
+            (store.start_offset(), store.start_epoch(), store.end_offset()),
+            (1000, 2, 1000)
+        );
+        assert!(store.epoch_cache().is_empty());
+        assert!(store.log.is_empty(), "every old batch is gone");
+        assert!(!load_log_start(dir.path(), &store.meta).unwrap().reset_pending);
     }
 
     /// sled's recovery keeps a prefix of its own log when its data file is

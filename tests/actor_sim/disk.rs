@@ -17,6 +17,8 @@ struct DiskState {
     store: MemoryStore,
     /// Bumped by every crash; a handle of an older generation is dead.
     generation: u64,
+    /// Every flush fails (and makes nothing durable) from now on.
+    flushes_fail: bool,
 }
 
 #[derive(Clone)]
@@ -27,6 +29,7 @@ impl Disk {
         let state = DiskState {
             store: MemoryStore::new(),
             generation: 0,
+            flushes_fail: false,
         };
         Disk(
             Arc::new(Mutex::new(state)),
@@ -50,6 +53,11 @@ impl Disk {
             disk: self.clone(),
             generation,
         }
+    }
+
+    /// A failing device: every later flush fails, and makes nothing durable.
+    pub fn fail_flushes(&self) {
+        self.0.lock().unwrap().flushes_fail = true;
     }
 
     /// Power loss: unflushed writes are gone and open handles are dead.
@@ -93,6 +101,9 @@ impl LogStore for DiskHandle {
         self.live(|store| store.truncate(end_offset))
     }
     fn flush(&mut self) -> storage::Result<()> {
+        if self.disk.0.lock().unwrap().flushes_fail {
+            return Err(StorageError::Io(std::io::Error::other("the disk failed a flush")));
+        }
         self.live(|store| store.flush())
     }
     fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> storage::Result<Vec<Batch>> {
