@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use kraft::messages::{Record, SnapshotId};
+use kraft::messages::{Batch, Record, SnapshotId};
 use kraft::storage::snapshot::{
     self, file_name, parse_name, MAX_CHUNK_BYTES, MIN_FILE_BYTES, PARTIAL_SUFFIX, SNAPSHOT_SUFFIX,
 };
@@ -238,6 +238,47 @@ fn the_writer_refuses_batches_that_break_the_rules() {
     assert!(SnapshotWriter::create(dir.path(), id(-1, 0), 0).is_err());
     assert!(SnapshotWriter::create(dir.path(), id(0, -1), 0).is_err());
     assert!(SnapshotWriter::create(&dir.path().join("missing"), id(1, 1), 0).is_err());
+}
+
+#[test]
+fn a_batch_appended_as_it_is_follows_the_same_rules_and_must_match_its_crc() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = SnapshotWriter::create(dir.path(), id(100, 5), 0).unwrap();
+    let kept = Batch::new(10, 3, &[record(10, 3), record(11, 3)]);
+    writer.append_batch(&kept).unwrap();
+    let refused = |writer: &mut SnapshotWriter, batch: &Batch| {
+        let size = writer.bytes_written();
+        let err = writer.append_batch(batch).unwrap_err();
+        assert!(matches!(err, SnapshotError::Invalid { .. }), "{err}");
+        assert_eq!(writer.bytes_written(), size, "nothing written for {err}");
+        err.to_string()
+    };
+    refused(&mut writer, &Batch::new(100, 5, &[Record::NoOp]));
+    refused(&mut writer, &Batch::new(9, 5, &[Record::NoOp]));
+    refused(&mut writer, &Batch::new(20, 6, &[Record::NoOp]));
+    refused(
+        &mut writer,
+        &Batch::new(20, 5, &[Record::SnapshotFooter { version: 0 }]),
+    );
+    let mut damaged = Batch::new(20, 5, &[record(20, 5)]);
+    damaged.payload[3] ^= 1;
+    let message = refused(&mut writer, &damaged);
+    assert!(message.contains("fails its CRC"), "{message}");
+    // A CRC that matches, over a count the records do not have.
+    let mut miscounted = Batch::new(20, 5, &[Record::NoOp]);
+    miscounted.record_count = 2;
+    let mut header = Vec::new();
+    header.extend_from_slice(&20i64.to_be_bytes());
+    header.extend_from_slice(&5i32.to_be_bytes());
+    header.extend_from_slice(&2u32.to_be_bytes());
+    miscounted.crc = crc32c::crc32c_append(crc32c::crc32c(&header), &miscounted.payload);
+    assert!(miscounted.verify());
+    let message = refused(&mut writer, &miscounted);
+    assert!(message.contains("holds 1"), "{message}");
+    let meta = writer.freeze().unwrap();
+    let reader = SnapshotReader::open(&meta.path).unwrap();
+    assert_eq!(read_all(&reader), vec![record(10, 3), record(11, 3)]);
+    assert_eq!(reader.batches().next().unwrap().unwrap(), kept, "the batch as it was");
 }
 
 #[test]

@@ -440,12 +440,7 @@ fn read_batches(
 }
 
 fn copy_batch(writer: &mut SnapshotWriter, batch: &Batch) -> Result<(), String> {
-    let records = batch
-        .records()
-        .map_err(|e| format!("batch at {}: {e}", batch.base_offset))?;
-    writer
-        .append(batch.base_offset, batch.epoch, &records)
-        .map_err(|e| e.to_string())
+    writer.append_batch(batch).map_err(|e| e.to_string())
 }
 
 /// Never set: for snapshots written on the storage thread.

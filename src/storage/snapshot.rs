@@ -402,6 +402,29 @@ impl SnapshotWriter {
     /// [`MAX_FRAME_BYTES`]. After an I/O error the writer refuses
     /// everything; drop it.
     pub fn append(&mut self, base_offset: Offset, epoch: Epoch, records: &[Record]) -> Result<()> {
+        self.check_records(base_offset, epoch, records)?;
+        self.write_batch(&Batch::new(base_offset, epoch, records), records.len())
+    }
+
+    /// Appends a batch as it is (a log batch copied into a snapshot): the
+    /// same rules as [`Self::append`], checked on its records, without
+    /// encoding them again. A batch whose CRC does not match, or whose
+    /// records do not decode, is refused.
+    pub fn append_batch(&mut self, batch: &Batch) -> Result<()> {
+        if !batch.verify() {
+            return Err(self.invalid(format!(
+                "append refused: the batch at {} fails its CRC",
+                batch.base_offset
+            )));
+        }
+        let records = batch
+            .records()
+            .map_err(|e| self.invalid(format!("append refused: batch at {}: {e}", batch.base_offset)))?;
+        self.check_records(batch.base_offset, batch.epoch, &records)?;
+        self.write_batch(batch, records.len())
+    }
+
+    fn check_records(&self, base_offset: Offset, epoch: Epoch, records: &[Record]) -> Result<()> {
         self.check_usable()?;
         if let Err(reason) = check_data_batch(self.id, self.last_base_offset, base_offset, epoch, records.len()) {
             return Err(self.invalid(format!("append refused: {reason}")));
@@ -415,18 +438,21 @@ impl SnapshotWriter {
                 records[i].kind()
             )));
         }
-        let frame = encode(&Batch::new(base_offset, epoch, records));
+        Ok(())
+    }
+
+    fn write_batch(&mut self, batch: &Batch, record_count: usize) -> Result<()> {
+        let frame = encode(batch);
         if frame.len() > MAX_FRAME_BYTES {
             return Err(self.invalid(format!(
-                "append refused: a batch of {} records encodes to {} bytes, above the limit of {MAX_FRAME_BYTES}",
-                records.len(),
+                "append refused: a batch of {record_count} records encodes to {} bytes, above the limit of {MAX_FRAME_BYTES}",
                 frame.len()
             )));
         }
         self.write_frame(&frame)?;
-        self.last_base_offset = Some(base_offset);
+        self.last_base_offset = Some(batch.base_offset);
         self.batch_count += 1;
-        self.record_count += records.len() as u64;
+        self.record_count += record_count as u64;
         Ok(())
     }
 
