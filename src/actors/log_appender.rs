@@ -489,6 +489,7 @@ fn write_snapshot(
         }
         next = previous.end_offset;
     }
+    let mut trimmed_at = writer.bytes_written();
     while next < id.end_offset {
         cancelled()?;
         let batches = read(next, id.end_offset, 1 << 20).map_err(|e| e.to_string())?;
@@ -499,9 +500,20 @@ fn write_snapshot(
         for batch in batches.iter().filter(|b| b.base_offset < id.end_offset) {
             copy_batch(&mut writer, batch)?;
         }
+        if writer.bytes_written() >= trimmed_at + TRIM_EVERY_BYTES {
+            // The pages sled reads in for this thread replace, in its
+            // cache, pages another thread allocated: those are freed into
+            // that thread's arena, which would keep them all.
+            storage::return_free_memory();
+            trimmed_at = writer.bytes_written();
+        }
     }
     writer.freeze().map_err(|e| e.to_string())
 }
+
+/// How much snapshot a [`write_snapshot`] copies from the log between two
+/// [`storage::return_free_memory`] calls.
+const TRIM_EVERY_BYTES: u64 = 8 << 20;
 
 /// A snapshot being written on a thread of its own.
 struct SnapshotThread {
@@ -1016,6 +1028,7 @@ impl StorageThread {
                     check(&self.events, self.store.delete_before(offset), || {
                         format!("compaction of the log below {offset}")
                     })?;
+                    storage::return_free_memory();
                 }
                 Command::Shutdown(reply) => {
                     let dropped = commands.count();
@@ -1065,7 +1078,10 @@ impl StorageThread {
         let cancelled = cancel.clone();
         let spawned = std::thread::Builder::new().name(self.name.clone()).spawn(move || {
             let read = |from, until, max| reader.read(from, until, max);
-            let _ = reply.send(write_snapshot(&dir, id, previous, &read, &cancelled));
+            let written = write_snapshot(&dir, id, previous, &read, &cancelled);
+            drop(reader);
+            storage::return_free_memory();
+            let _ = reply.send(written);
         });
         match spawned {
             Ok(thread) => self.snapshot_thread = Some(SnapshotThread { cancel, thread }),

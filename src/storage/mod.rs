@@ -306,3 +306,20 @@ impl ReadBudget {
 }
 
 pub use sled_store::SledReader;
+
+/// Hands the memory a large one-off job freed (a snapshot written, a log
+/// compacted) back to the system. glibc keeps what a thread frees in
+/// that thread's arena, and a snapshot thread's arena is otherwise left
+/// holding tens of MiB it will not use again: `bench state` measured a
+/// node at 102-123 MiB right after a snapshot of 1M records, against 64-85
+/// MiB with one arena for the whole process. Likewise a compaction reads
+/// every page it removes into sled's cache, evicting pages other threads
+/// allocated.
+pub(crate) fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns memory the allocator holds free; it
+    // touches no live allocation and may be called from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
