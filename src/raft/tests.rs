@@ -1338,7 +1338,27 @@ fn data_response(epoch: Epoch, hw: Offset, batches: Vec<Batch>) -> RaftResponse 
 
 #[test]
 fn a_voter_fetches_again_only_after_its_flush() {
-    let (mut node, corr) = follower_with_fetch();
+    let (node, corr) = follower_with_fetch();
+    fetches_again_only_after_its_flush(node, corr);
+}
+
+#[test]
+fn an_observer_fetches_again_only_after_its_flush() {
+    let mut node = start(
+        9,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 1,
+            voted_for: None,
+            leader_id: Some(1),
+        },
+    );
+    let fetch = sent(&node.take_actions());
+    assert!(matches!(fetch[0].2, RaftRequest::Fetch(_)));
+    fetches_again_only_after_its_flush(node, fetch[0].1);
+}
+
+fn fetches_again_only_after_its_flush(mut node: RaftNode, corr: u64) {
     let batch = Batch::new(0, 1, &[Record::NoOp, Record::NoOp]);
     node.handle_response(5, 1, corr, data_response(1, 2, vec![batch]));
     let actions = node.take_actions();
