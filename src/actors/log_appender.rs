@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tracing::{debug, error, info, warn};
 
@@ -512,8 +512,10 @@ fn write_snapshot(
 }
 
 /// How much snapshot a [`write_snapshot`] copies from the log between two
-/// [`storage::return_free_memory`] calls.
-const TRIM_EVERY_BYTES: u64 = 8 << 20;
+/// [`storage::return_free_memory`] calls (each takes 10-80 ms), and how much
+/// the storage thread appends or reads before it hands freed memory back
+/// at its next idle moment.
+const TRIM_EVERY_BYTES: u64 = 32 << 20;
 
 /// A snapshot being written on a thread of its own.
 struct SnapshotThread {
@@ -843,9 +845,8 @@ struct StorageThread {
     snapshot_thread: Option<SnapshotThread>,
     /// The name its thread gets.
     name: String,
-    /// When, and at how many bytes appended, freed memory was last handed
-    /// back (see `maybe_return_free_memory`).
-    trimmed_at: Instant,
+    /// At how many bytes appended and read freed memory was last handed
+    /// back (see `trim_due`).
     trimmed_at_bytes: u64,
     /// Bytes of batches read so far.
     read_bytes: u64,
@@ -880,7 +881,6 @@ impl StorageThread {
             snapshots: SnapshotFiles::new(snapshot_dir),
             snapshot_thread: None,
             name: "kraft-snapshot".to_string(),
-            trimmed_at: Instant::now(),
             trimmed_at_bytes: 0,
             read_bytes: 0,
             events,
@@ -892,10 +892,18 @@ impl StorageThread {
     fn run(mut self, rx: Receiver<Command>) {
         let mut group: Vec<Command> = Vec::with_capacity(64);
         let exit = loop {
-            match rx.recv() {
+            let received = match self.trim_due() {
+                true => rx.recv_timeout(IDLE_BEFORE_TRIM),
+                false => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match received {
                 Ok(command) => group.push(command),
+                Err(RecvTimeoutError::Timeout) => {
+                    self.return_free_memory();
+                    continue;
+                }
                 // Every handle is gone: finish like a shutdown.
-                Err(_) => break Exit::Shutdown(None),
+                Err(RecvTimeoutError::Disconnected) => break Exit::Shutdown(None),
             }
             fill(&rx, &mut group);
             let applied = match self.apply_group(&mut group) {
@@ -905,7 +913,6 @@ impl StorageThread {
             if applied.flush && self.flush_and_report().is_err() {
                 break Exit::Failed;
             }
-            self.maybe_return_free_memory();
             if let Some(reply) = applied.shutdown {
                 break Exit::Shutdown(Some(reply));
             }
@@ -1133,28 +1140,28 @@ impl StorageThread {
         Ok(())
     }
 
-    /// After a group: hands freed memory back once enough was appended or
-    /// read since the last time (at most once per [`TRIM_INTERVAL`]).
-    /// Batches cross threads (decoded on the actor thread and freed here
-    /// after their write; read here and freed there after they were sent),
-    /// and glibc keeps what is freed in the arena it came from: a follower
-    /// catching up on 8 MiB fetch answers kept ~70 MiB it no longer used,
-    /// and so did a leader serving them.
-    fn maybe_return_free_memory(&mut self) {
-        let appended = self.counters.appended_bytes.load(Ordering::Relaxed) + self.read_bytes;
-        if appended.saturating_sub(self.trimmed_at_bytes) < TRIM_EVERY_BYTES
-            || self.trimmed_at.elapsed() < TRIM_INTERVAL
-        {
-            return;
-        }
+    /// True once enough was appended or read since freed memory was last
+    /// handed back: the thread then does so when it finds itself idle for
+    /// [`IDLE_BEFORE_TRIM`]. Batches cross threads (decoded on the actor
+    /// thread and freed here after their write; read here and freed there
+    /// after they were sent), and glibc keeps what is freed in the arena it
+    /// came from: a follower that caught up on 8 MiB fetch answers kept ~70
+    /// MiB it no longer used, and so did a leader serving them. Only when
+    /// idle, because a trim takes 10-80 ms here (measured in `bench
+    /// embedded`), and nothing may wait for it.
+    fn trim_due(&self) -> bool {
+        let moved = self.counters.appended_bytes.load(Ordering::Relaxed) + self.read_bytes;
+        moved.saturating_sub(self.trimmed_at_bytes) >= TRIM_EVERY_BYTES
+    }
+
+    fn return_free_memory(&mut self) {
         storage::return_free_memory();
-        self.trimmed_at_bytes = appended;
-        self.trimmed_at = Instant::now();
+        self.trimmed_at_bytes = self.counters.appended_bytes.load(Ordering::Relaxed) + self.read_bytes;
     }
 }
 
-/// See [`StorageThread::maybe_return_free_memory`].
-const TRIM_INTERVAL: Duration = Duration::from_secs(1);
+/// See [`StorageThread::trim_due`].
+const IDLE_BEFORE_TRIM: Duration = Duration::from_millis(200);
 
 /// Passes a success through; on a storage error logs it loudly, reports it
 /// to the QuorumState actor and tells the caller to stop the thread.

@@ -317,9 +317,15 @@ pub use sled_store::SledReader;
 /// allocated.
 pub(crate) fn return_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns memory the allocator holds free; it
-    // touches no live allocation and may be called from any thread.
-    unsafe {
-        libc::malloc_trim(0);
+    {
+        let started = std::time::Instant::now();
+        // SAFETY: malloc_trim only returns memory the allocator holds free;
+        // it touches no live allocation and may be called from any thread.
+        let released = unsafe { libc::malloc_trim(0) };
+        tracing::debug!(
+            released = released == 1,
+            took_us = started.elapsed().as_micros() as u64,
+            "freed memory handed back to the system"
+        );
     }
 }
