@@ -1336,8 +1336,17 @@ mod tests {
     /// calls it a hang.
     const LIVENESS_WAIT: Duration = Duration::from_secs(30);
 
-    #[test]
-    fn appends_and_flushes_go_on_while_a_snapshot_is_written() {
+    /// A storage thread over [`shared_store`] with snapshot files in a
+    /// fresh directory, holding [0, 4) flushed (its flush event taken).
+    #[allow(clippy::type_complexity)]
+    fn flushed_shared_appender() -> (
+        tempfile::TempDir,
+        LogAppender,
+        JoinHandle<()>,
+        mpsc::UnboundedReceiver<StorageEvent>,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let (store, entered, release) = shared_store();
         let (events, mut events_rx) = mpsc::unbounded_channel();
@@ -1349,6 +1358,12 @@ mod tests {
             next_event(&mut events_rx),
             Some(StorageEvent::Flushed { durable_end: 4, .. })
         ));
+        (dir, appender, thread, events_rx, entered, release)
+    }
+
+    #[test]
+    fn appends_and_flushes_go_on_while_a_snapshot_is_written() {
+        let (_dir, appender, thread, mut events_rx, entered, release) = flushed_shared_appender();
 
         let id = SnapshotId {
             end_offset: 4,
@@ -1382,14 +1397,7 @@ mod tests {
 
     #[test]
     fn shutdown_waits_for_the_snapshot_thread() {
-        let dir = tempfile::tempdir().unwrap();
-        let (store, entered, release) = shared_store();
-        let (events, mut events_rx) = mpsc::unbounded_channel();
-        let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.path().into()), events).unwrap();
-        appender.append(batch(0, 1, 2)).unwrap();
-        appender.append(batch(2, 1, 2)).unwrap();
-        appender.flush().unwrap();
-        next_event(&mut events_rx).unwrap();
+        let (dir, appender, thread, _events_rx, entered, release) = flushed_shared_appender();
         let id = SnapshotId {
             end_offset: 4,
             epoch: 1,
