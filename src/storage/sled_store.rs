@@ -443,7 +443,24 @@ impl SledStore {
 
     /// One durability point: everything sled accepted so far reaches stable
     /// storage.
+    ///
+    /// A failure poisons the store: after a failed fsync the kernel may have
+    /// dropped the dirty pages it could not write, so a later fsync that
+    /// succeeds says nothing about them (PostgreSQL's "fsyncgate"). Only a
+    /// reopen, which reads back what is really on disk, may go on.
     fn make_durable(&mut self) -> Result<()> {
+        let synced = self.sync_everything();
+        if let Err(e) = &synced {
+            self.poison(format!(
+                "a durability point failed ({e}); what was written before it may not be on disk"
+            ));
+        }
+        synced
+    }
+
+    fn sync_everything(&mut self) -> Result<()> {
+        #[cfg(test)]
+        tests::maybe_fail_durability_point()?;
         self.db.flush().map_err(sled_error)?;
         self.blobs.sync_new()?;
         self.data_file.sync_data()?;
@@ -1696,6 +1713,39 @@ mod tests {
     /// Makes the step of `remove_in_steps` after the next `steps` fail (once).
     fn fail_removal_step_after(steps: usize) {
         REMOVAL_STEPS_BEFORE_FAILURE.with(|left| left.set(Some(steps)));
+    }
+
+    thread_local! {
+        /// Set: the next durability point on this thread fails.
+        static FAIL_DURABILITY_POINT: Cell<bool> = const { Cell::new(false) };
+    }
+
+    pub(super) fn maybe_fail_durability_point() -> Result<()> {
+        match FAIL_DURABILITY_POINT.with(|fail| fail.replace(false)) {
+            true => Err(StorageError::Io(io::Error::other("injected failure of an fsync"))),
+            false => Ok(()),
+        }
+    }
+
+    #[test]
+    fn a_failed_durability_point_poisons_the_store_until_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SledStore::open(dir.path(), "c", 1).unwrap();
+        let first = batch(0, 1);
+        store.append(&first).unwrap();
+        store.flush().unwrap();
+        store.append(&batch(1, 1)).unwrap();
+        FAIL_DURABILITY_POINT.with(|fail| fail.set(true));
+        let error = store.flush().expect_err("injected");
+        assert!(error.to_string().contains("injected"), "{error}");
+        // A retry would succeed at the device and prove nothing about the
+        // pages the failed one lost: refused.
+        let retry = store.flush().expect_err("poisoned");
+        assert!(matches!(retry, StorageError::Poisoned(_)), "{retry}");
+        assert!(matches!(store.append(&batch(2, 1)), Err(StorageError::Poisoned(_))));
+        drop(store);
+        let store = SledStore::open(dir.path(), "c", 1).unwrap();
+        assert_eq!(store.read(0, 1, usize::MAX).unwrap(), vec![first], "what was durable is there");
     }
 
     pub(super) fn maybe_fail_removal_step() -> Result<()> {
