@@ -65,15 +65,56 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// Encodes an envelope as one frame: length prefix + body.
+///
+/// The body is encoded in place after the prefix (its size is computed
+/// first), not encoded and then copied: a fetch answer is up to 8 MiB.
 pub fn encode_frame(envelope: &Envelope) -> Vec<u8> {
-    let body = encode(envelope);
-    let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    frame.extend_from_slice(&body);
+    let len = options(u64::MAX)
+        .serialized_size(envelope)
+        .expect("in-memory values always encode");
+    let mut frame = Vec::with_capacity(4 + len as usize);
+    frame.extend_from_slice(&(len as u32).to_be_bytes());
+    options(u64::MAX)
+        .serialize_into(&mut frame, envelope)
+        .expect("in-memory values always encode");
     frame
 }
 
 /// Decodes the bytes of one frame (after its length prefix).
 pub fn decode_frame(body: &[u8], max_frame_bytes: u64) -> Result<Envelope, CodecError> {
     decode_bounded(body, max_frame_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::rpc::FetchResponse;
+    use crate::messages::{Batch, ErrorCode, Record};
+
+    #[test]
+    fn a_frame_is_the_length_of_its_body_then_the_body() {
+        let envelope = Envelope {
+            version: WIRE_VERSION,
+            source_id: 2,
+            correlation_id: 7,
+            cluster_id: "c".to_string(),
+            body: Body::Response(RaftResponse::Fetch(FetchResponse {
+                error: ErrorCode::None,
+                epoch: 3,
+                leader_id: Some(2),
+                high_watermark: 10,
+                log_start_offset: 0,
+                diverging_epoch: None,
+                snapshot_id: None,
+                batches: vec![Batch::new(0, 3, &[Record::Data(vec![7; 5000]), Record::NoOp])],
+            })),
+        };
+        let frame = encode_frame(&envelope);
+        let body = encode(&envelope);
+        assert_eq!(frame[..4], (body.len() as u32).to_be_bytes());
+        assert_eq!(frame[4..], body[..]);
+        assert_eq!(frame.capacity(), frame.len(), "allocated once, to size");
+        let decoded: Envelope = decode_frame(&frame[4..], 1 << 20).unwrap();
+        assert_eq!(decoded, envelope);
+    }
 }

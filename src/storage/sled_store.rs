@@ -1745,7 +1745,11 @@ mod tests {
         assert!(matches!(store.append(&batch(2, 1)), Err(StorageError::Poisoned(_))));
         drop(store);
         let store = SledStore::open(dir.path(), "c", 1).unwrap();
-        assert_eq!(store.read(0, 1, usize::MAX).unwrap(), vec![first], "what was durable is there");
+        assert_eq!(
+            store.read(0, 1, usize::MAX).unwrap(),
+            vec![first],
+            "what was durable is there"
+        );
     }
 
     pub(super) fn maybe_fail_removal_step() -> Result<()> {
