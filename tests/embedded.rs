@@ -944,3 +944,39 @@ async fn appends_handed_over_together_are_answered_each_on_its_own() {
     assert!(both.last_offset < handle.describe().await.unwrap().high_watermark);
     shutdown_all(&mut nodes).await;
 }
+
+/// `append_each` on an idle leader: the whole hand-over is one batch, one
+/// write and one flush, not a first append alone followed by the rest a
+/// flush later.
+#[actix_rt::test]
+async fn appends_handed_over_together_are_written_as_one_batch() {
+    init_tracing();
+    let ports = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = single_node_config(&ports, dir.path(), false);
+    // No idle NoOp batch may land in between.
+    config.metadata.max_idle_interval_ms = 600_000;
+    let node = node::start(config).await.expect("node starts");
+    agreed_leader(&[Some(node.clone())], 0).await;
+    node.append(vec![data("first")]).await.expect("append");
+    let before = node.metrics().await.unwrap().storage.appended_batches_total;
+    let (replies, answers): (Vec<_>, Vec<_>) = (0..10).map(|_| tokio::sync::oneshot::channel()).unzip();
+    node.append_each(
+        replies
+            .into_iter()
+            .enumerate()
+            .map(|(i, reply)| (vec![data(&format!("r{i}")), data("x")], reply))
+            .collect(),
+    );
+    let mut next = None;
+    for answer in answers {
+        let appended = answer.await.unwrap().expect("committed");
+        if let Some(base) = next {
+            assert_eq!(appended.base_offset, base, "in hand-over order");
+        }
+        next = Some(appended.last_offset + 1);
+    }
+    let after = node.metrics().await.unwrap().storage.appended_batches_total;
+    assert_eq!(after - before, 1, "ten appends handed over together, one batch");
+    node.shutdown().await;
+}

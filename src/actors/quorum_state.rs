@@ -792,57 +792,81 @@ impl QuorumState {
         records: Vec<Vec<u8>>,
         ctx: &mut Context<Self>,
     ) -> BoxFuture<'static, Result<Appended, AppendError>> {
-        if let Err(e) = self.check_can_append() {
-            return ready(Err(e)).boxed();
+        let (reply, outcome) = oneshot::channel();
+        self.propose_each(now, vec![(records, reply)], ctx);
+        async move {
+            outcome.await.unwrap_or_else(|_| {
+                Err(AppendError::OutcomeUnknown(
+                    "the node stopped before the records committed".into(),
+                ))
+            })
         }
-        if records.is_empty() {
-            return ready(Err(AppendError::Rejected(ProposeError::Empty.to_string()))).boxed();
-        }
+        .boxed()
+    }
+
+    /// Local appends, each with its own reply, proposed in order: on the
+    /// leader all of them join the accumulator before it drains (one batch
+    /// for a whole hand-over of HTTP requests); anywhere else each is
+    /// forwarded to the leader. A reply dropped unanswered means the node
+    /// stopped: the outcome is unknown.
+    fn propose_each(&mut self, now: u64, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
         let role = self.node.role();
-        if role.role != RoleKind::Leader {
-            return match role.leader_id.filter(|id| *id != self.node_id) {
-                Some(leader_id) => {
-                    let forwarded = self.forwarder.send(Forward { leader_id, records });
-                    async move {
-                        forwarded
-                            .await
-                            .unwrap_or_else(|_| Err(AppendError::Unavailable("the append forwarder stopped".into())))
+        let mut accepted = Vec::with_capacity(groups.len());
+        for (records, reply) in groups {
+            if let Err(e) = self.check_can_append() {
+                let _ = reply.send(Err(e));
+            } else if records.is_empty() {
+                let _ = reply.send(Err(AppendError::Rejected(ProposeError::Empty.to_string())));
+            } else if role.role != RoleKind::Leader {
+                self.forward_local(role.leader_id, records, reply);
+            } else {
+                accepted.push((records.into_iter().map(Record::Data).collect::<Vec<_>>(), reply));
+            }
+        }
+        if accepted.is_empty() {
+            return;
+        }
+        let (proposals, replies): (Vec<_>, Vec<_>) = accepted.into_iter().unzip();
+        let outcomes = self.node.propose_many(now, proposals);
+        for (outcome, reply) in outcomes.into_iter().zip(replies) {
+            match outcome {
+                Ok(proposed) => {
+                    if let Err(e) = self.register(proposed, Box::new(move |result| drop(reply.send(result)))) {
+                        return self.fatal(ctx, e);
                     }
-                    .boxed()
                 }
-                None => ready(Err(AppendError::NotLeader {
-                    leader_id: None,
-                    leader_endpoint: None,
-                }))
-                .boxed(),
-            };
-        }
-        let records = records.into_iter().map(Record::Data).collect();
-        match self.node.propose(now, records) {
-            Ok(proposed) => {
-                let (tx, rx) = oneshot::channel();
-                if let Err(e) = self.register(proposed, Box::new(move |result| drop(tx.send(result)))) {
-                    self.fatal(ctx, e);
+                Err(ProposeError::NotLeader { leader_id, .. }) => {
+                    let leader_endpoint = self.leader_endpoint(leader_id);
+                    let _ = reply.send(Err(AppendError::NotLeader {
+                        leader_id,
+                        leader_endpoint,
+                    }));
                 }
-                async move {
-                    rx.await.unwrap_or_else(|_| {
-                        Err(AppendError::OutcomeUnknown(
-                            "the node stopped before the records committed".into(),
-                        ))
-                    })
+                Err(e) => {
+                    let _ = reply.send(Err(AppendError::Rejected(e.to_string())));
                 }
-                .boxed()
             }
-            Err(ProposeError::NotLeader { leader_id, .. }) => {
-                let leader_endpoint = self.leader_endpoint(leader_id);
-                ready(Err(AppendError::NotLeader {
-                    leader_id,
-                    leader_endpoint,
-                }))
-                .boxed()
-            }
-            Err(e) => ready(Err(AppendError::Rejected(e.to_string()))).boxed(),
         }
+    }
+
+    /// A local append on a node that does not lead: relayed to the leader
+    /// it knows, refused when it knows none.
+    fn forward_local(&mut self, leader_id: Option<NodeId>, records: Vec<Vec<u8>>, reply: AppendReply) {
+        let Some(leader_id) = leader_id.filter(|id| *id != self.node_id) else {
+            let _ = reply.send(Err(AppendError::NotLeader {
+                leader_id: None,
+                leader_endpoint: None,
+            }));
+            return;
+        };
+        let forwarded = self.forwarder.send(Forward { leader_id, records });
+        actix::spawn(async move {
+            let outcome = forwarded
+                .await
+                .unwrap_or_else(|_| Err(AppendError::Unavailable("the append forwarder stopped".into())));
+            // A closed reply: the client went away; the outcome stands.
+            let _ = reply.send(outcome);
+        });
     }
 
     /// A follower forwarded a client's append (`RaftRequest::Append`): not
@@ -1175,16 +1199,8 @@ impl Handler<ProposeMany> for QuorumState {
 
     fn handle(&mut self, msg: ProposeMany, ctx: &mut Self::Context) {
         let now = self.tick();
-        for (records, reply) in msg.groups {
-            let outcome = self.propose_local(now, records, ctx);
-            // As after each Propose: the appends reach storage, and the
-            // bound on unflushed bytes sees them, before the next group.
-            self.drive(ctx);
-            actix::spawn(async move {
-                // A closed reply: the client went away; the outcome stands.
-                let _ = reply.send(outcome.await);
-            });
-        }
+        self.propose_each(now, msg.groups, ctx);
+        self.drive(ctx);
     }
 }
 

@@ -524,6 +524,30 @@ impl RaftNode {
     /// offsets now and are written with whatever else is waiting.
     pub fn propose(&mut self, now_ms: u64, records: Vec<Record>) -> Result<Proposed, ProposeError> {
         self.advance_clock(now_ms);
+        let proposed = self.accumulate(records);
+        self.poll();
+        proposed
+    }
+
+    /// Several proposals at once, each with its own outcome, as if proposed
+    /// one after another, except that all of them are in the accumulator
+    /// before it next drains: with linger 0 they go into one batch (unless
+    /// it fills up) even when the leader is idle, where one `propose` at a
+    /// time would send the first alone and hold the rest for its flush.
+    pub fn propose_many(
+        &mut self,
+        now_ms: u64,
+        proposals: impl IntoIterator<Item = Vec<Record>>,
+    ) -> Vec<Result<Proposed, ProposeError>> {
+        self.advance_clock(now_ms);
+        let outcomes = proposals.into_iter().map(|records| self.accumulate(records)).collect();
+        self.poll();
+        outcomes
+    }
+
+    /// Gives `records` their offsets in the accumulator (draining it first
+    /// if they would overflow it).
+    fn accumulate(&mut self, records: Vec<Record>) -> Result<Proposed, ProposeError> {
         let epoch = self.election.epoch;
         if !matches!(self.role, Role::Leader(_)) {
             let leader_id = self.leader_id().filter(|id| *id != self.config.node_id);
@@ -545,7 +569,6 @@ impl RaftNode {
         let base_offset = self.accumulator.next_offset(self.log.end_offset());
         let last_offset = base_offset + records.len() as Offset - 1;
         self.accumulator.add(records, bytes, self.now_ms);
-        self.poll();
         Ok(Proposed {
             base_offset,
             last_offset,
@@ -1788,6 +1811,7 @@ impl RaftNode {
             }
         }
         // A valid position: it is the replica's log end (durable for voters).
+        self.drain_for_fetch(req.fetch_offset);
         let now = self.now_ms;
         let end = self.log.end_offset();
         let check_quorum_ms = self.check_quorum_ms();
@@ -2127,15 +2151,17 @@ impl RaftNode {
 
     /// With linger 0 the accumulator drains whenever no flush is in flight,
     /// and what arrives during a flush goes into the next batch (group
-    /// commit); with a linger it drains when the oldest record has waited
-    /// that long. A full accumulator always drains.
+    /// commit), unless a replica is waiting for it: a parked fetch, or one
+    /// that arrives at the log end, takes what is there at once (see
+    /// [`Self::drain_for_fetch`]). With a linger it drains when the oldest
+    /// record has waited that long. A full accumulator always drains.
     fn maybe_drain_accumulator(&mut self) {
         if self.accumulator.is_empty() {
             return;
         }
         let linger = self.config.append_linger_ms;
         let due = if linger == 0 {
-            self.flush_target.is_none()
+            self.flush_target.is_none() || !self.parked.is_empty()
         } else {
             self.accumulator
                 .linger_deadline_ms(linger)
@@ -2143,6 +2169,16 @@ impl RaftNode {
                 .unwrap_or(false)
         };
         if due || self.accumulator.bytes() >= self.config.max_batch_bytes {
+            self.drain_accumulator();
+        }
+    }
+
+    /// With linger 0, a fetch at the log end takes the records waiting for
+    /// the leader's flush at once: the follower writes and flushes them
+    /// while the leader's flush runs, instead of after it (the commit still
+    /// needs the leader's flush or the other follower's).
+    fn drain_for_fetch(&mut self, fetch_offset: Offset) {
+        if self.config.append_linger_ms == 0 && fetch_offset >= self.log.end_offset() {
             self.drain_accumulator();
         }
     }

@@ -1269,6 +1269,89 @@ fn a_lone_append_on_an_idle_leader_is_written_at_once() {
     assert!(actions.contains(&Action::Flush));
 }
 
+fn appended_batches(actions: Vec<Action>) -> Vec<Batch> {
+    actions
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::AppendBatch(b) => Some(b),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn proposals_made_together_go_into_one_batch_on_an_idle_leader() {
+    let (mut node, now) = elect_leader();
+    node.on_flushed(now, 1);
+    node.take_actions();
+    let outcomes = node.propose_many(
+        now,
+        (0..3u8).map(|i| vec![Record::Data(vec![i]), Record::Data(vec![i])]),
+    );
+    let offsets: Vec<(Offset, Offset)> = outcomes
+        .into_iter()
+        .map(|o| o.map(|p| (p.base_offset, p.last_offset)).unwrap())
+        .collect();
+    assert_eq!(offsets, vec![(1, 2), (3, 4), (5, 6)]);
+    let batches = appended_batches(node.take_actions());
+    assert_eq!(batches.len(), 1, "one batch, not the first proposal alone: {batches:?}");
+    assert_eq!((batches[0].base_offset, batches[0].record_count), (1, 6));
+}
+
+/// A leader of epoch 1 whose record at offset 1 is being flushed, with
+/// record "b" (offset 2) waiting in the accumulator for that flush.
+fn leader_with_a_record_waiting_for_its_flush() -> (RaftNode, u64) {
+    let (mut node, now) = elect_leader();
+    node.on_flushed(now, 1);
+    node.take_actions();
+    node.propose(now, vec![Record::Data(b"a".to_vec())]).unwrap();
+    assert_eq!(
+        appended_batches(node.take_actions()).len(),
+        1,
+        "an idle leader writes at once"
+    );
+    node.propose(now, vec![Record::Data(b"b".to_vec())]).unwrap();
+    assert!(appended_batches(node.take_actions()).is_empty(), "waits for the flush");
+    (node, now)
+}
+
+/// The log ranges that fetch answers among `actions` carry, as (from, until).
+fn fetch_reads(actions: &[Action]) -> Vec<(Offset, Offset)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::RespondFetch { read, .. } => read.as_ref().map(|r| (r.from, r.until)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_fetch_at_the_log_end_takes_the_records_waiting_for_the_leaders_flush() {
+    let (mut node, now) = leader_with_a_record_waiting_for_its_flush();
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 2, 1, 500));
+    let actions = node.take_actions();
+    assert_eq!(fetch_reads(&actions), vec![(2, 3)], "answered with \"b\", not parked");
+    assert!(
+        !actions.contains(&Action::Flush),
+        "the leader's flush is still in flight"
+    );
+}
+
+#[test]
+fn a_parked_fetch_takes_a_new_proposal_while_the_leaders_flush_runs() {
+    let (mut node, now) = elect_leader();
+    node.on_flushed(now, 1);
+    node.take_actions();
+    node.propose(now, vec![Record::Data(b"a".to_vec())]).unwrap();
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
+    assert_eq!(fetch_reads(&node.take_actions()), vec![(1, 2)]);
+    node.handle_request(now, 2, 2, fetch_req(2, 1, 2, 1, 500));
+    assert!(responses(&node.take_actions()).is_empty(), "parked at the log end");
+    node.propose(now, vec![Record::Data(b"b".to_vec())]).unwrap();
+    assert_eq!(fetch_reads(&node.take_actions()), vec![(2, 3)]);
+}
+
 #[test]
 fn linger_holds_appends_until_it_expires() {
     let mut cfg = config(1, &[1]);

@@ -12,7 +12,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
-use kraft::messages::{Batch, RaftRequest, RaftResponse};
+use kraft::messages::{Batch, RaftRequest, RaftResponse, Record};
 use kraft::raft::{
     Action, ElectionState, Epoch, LogView, NodeId, Offset, ProposeError, Proposed, RaftConfig, RaftNode, RoleInfo,
     RoleKind,
@@ -1480,6 +1480,16 @@ impl Sim {
             leaders[self.rng.gen_range(0..leaders.len())]
         };
         let count = self.rng.gen_range(1..=self.params.max_records_per_proposal);
+        if count > 1 && self.rng.gen_bool(0.25) {
+            // The same records as several clients' appends handed over
+            // together (the HTTP funnel): `propose_many`. The offered load
+            // stays what the parameters were tuned for.
+            let groups = self.rng.gen_range(2..=count.min(4));
+            let counts: Vec<usize> = (0..groups)
+                .map(|i| count / groups + usize::from(i < count % groups))
+                .collect();
+            return self.propose_many(target, &counts).map(|_| ());
+        }
         self.propose(target, count).map(|_| ())
     }
 
@@ -1487,23 +1497,70 @@ impl Sim {
     /// that only a leader accepts, and tracks the proposal until it is
     /// acknowledged or its outcome becomes unknown.
     pub fn propose(&mut self, id: NodeId, count: usize) -> Result<Result<Proposed, ProposeError>, Violation> {
+        let mut outcomes = self.propose_with(id, &[count], |e, now, mut groups| {
+            vec![e.propose(now, groups.pop().expect("one group"))]
+        })?;
+        Ok(outcomes.pop().expect("one outcome"))
+    }
+
+    /// Several clients propose at once, `counts[i]` fresh records each, in
+    /// one `propose_many` call; each proposal is checked and tracked as in
+    /// [`Cluster::propose`].
+    pub fn propose_many(
+        &mut self,
+        id: NodeId,
+        counts: &[usize],
+    ) -> Result<Vec<Result<Proposed, ProposeError>>, Violation> {
+        self.propose_with(id, counts, |e, now, groups| e.propose_many(now, groups))
+    }
+
+    fn propose_with(
+        &mut self,
+        id: NodeId,
+        counts: &[usize],
+        call: impl FnOnce(&mut RaftNode, u64, Vec<Vec<Record>>) -> Vec<Result<Proposed, ProposeError>>,
+    ) -> Result<Vec<Result<Proposed, ProposeError>>, Violation> {
         let n = self.node(id);
         if !n.up {
-            return Ok(Err(ProposeError::NotLeader {
+            let refused = ProposeError::NotLeader {
                 leader_id: None,
                 epoch: n.role.epoch,
-            }));
+            };
+            return Ok(vec![Err(refused); counts.len()]);
         }
         let was_leader = n.role.role == RoleKind::Leader;
         let leader_epoch = n.role.epoch;
         let incarnation = n.incarnation;
-        let (first_record, records) = self.inv.durability.new_records(count);
-        self.line(id, || {
-            format!("propose records {first_record}..{}", first_record + count as u64)
-        });
-        let result = self.with_engine(id, |e, now| e.propose(now, records))?;
-        self.line(id, || format!("propose -> {result:?}"));
-        match &result {
+        let mut firsts = Vec::with_capacity(counts.len());
+        let mut groups = Vec::with_capacity(counts.len());
+        for &count in counts {
+            let (first_record, records) = self.inv.durability.new_records(count);
+            self.line(id, || {
+                format!("propose records {first_record}..{}", first_record + count as u64)
+            });
+            firsts.push(first_record);
+            groups.push(records);
+        }
+        let results = self.with_engine(id, |e, now| call(e, now, groups))?;
+        for ((result, &first_record), &count) in results.iter().zip(&firsts).zip(counts) {
+            self.line(id, || format!("propose -> {result:?}"));
+            self.track_proposal(id, was_leader, leader_epoch, incarnation, first_record, count, result)?;
+        }
+        Ok(results)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn track_proposal(
+        &mut self,
+        id: NodeId,
+        was_leader: bool,
+        leader_epoch: Epoch,
+        incarnation: u64,
+        first_record: u64,
+        count: usize,
+        result: &Result<Proposed, ProposeError>,
+    ) -> Result<(), Violation> {
+        match result {
             Ok(p) => {
                 self.stats.proposals += 1;
                 if !was_leader || p.epoch != leader_epoch {
@@ -1543,7 +1600,7 @@ impl Sim {
                 }
             }
         }
-        Ok(result)
+        Ok(())
     }
 
     /// The outcome of the `index`-th accepted proposal.
