@@ -40,6 +40,9 @@ pub const MAX_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 /// Longest `node.cluster_id`.
 pub const MAX_CLUSTER_ID_LEN: usize = 255;
 
+/// Most `listeners.http_workers`.
+pub const MAX_HTTP_WORKERS: usize = 64;
+
 /// Defaults of DESIGN.md §6, one constant per key.
 pub mod defaults {
     pub const NODE_ID: i32 = 1;
@@ -48,6 +51,8 @@ pub mod defaults {
     pub const RAFT_LISTENER: &str = "127.0.0.1:9093";
     pub const HTTP_LISTENER: &str = "127.0.0.1:8080";
     pub const MAX_FRAME_BYTES: u64 = 16 * 1024 * 1024;
+    /// One HTTP worker thread (see `listeners.http_workers`).
+    pub const HTTP_WORKERS: usize = 1;
     pub const VOTERS: &[&str] = &["1@127.0.0.1:9093"];
     pub const ELECTION_TIMEOUT_MS: u64 = 1000;
     pub const FETCH_TIMEOUT_MS: u64 = 2000;
@@ -160,6 +165,8 @@ pub struct ListenersConfig {
     pub http: SocketAddr,
     /// Largest frame accepted on the raft listener (default 16 MiB).
     pub max_frame_bytes: u64,
+    /// Threads serving the HTTP API, 1..=[`MAX_HTTP_WORKERS`] (default 1).
+    pub http_workers: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -222,6 +229,7 @@ impl Default for Config {
                     .parse()
                     .expect("default http listener is a socket address"),
                 max_frame_bytes: MAX_FRAME_BYTES,
+                http_workers: HTTP_WORKERS,
             },
             quorum: QuorumConfig {
                 voters: VOTERS
@@ -433,6 +441,7 @@ struct RawListeners {
     raft: Option<Value>,
     http: Option<Value>,
     max_frame_bytes: Option<Value>,
+    http_workers: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -684,6 +693,16 @@ impl Ctx<'_> {
             MIN_MAX_FRAME_BYTES,
             u32::MAX as u64,
         )?;
+        let http_workers = match raw.listeners.http_workers {
+            None => HTTP_WORKERS,
+            Some(v) => self.int(
+                "listeners.http_workers",
+                &v,
+                1,
+                MAX_HTTP_WORKERS as i64,
+                &format!("an integer between 1 and {MAX_HTTP_WORKERS} (threads)"),
+            )? as usize,
+        };
 
         // [quorum]
         let voters_value = raw
@@ -855,6 +874,7 @@ impl Ctx<'_> {
                 raft,
                 http,
                 max_frame_bytes,
+                http_workers,
             },
             quorum,
             metadata,

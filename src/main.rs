@@ -150,15 +150,19 @@ async fn run(config: Config) -> u8 {
             return 1;
         }
     };
-    let (server, bound_http) =
-        match kraft::api::http_server_with_limit(handle.clone(), http_addr, config.log.max_batch_bytes) {
-            Ok(bound) => bound,
-            Err(err) => {
-                eprintln!("kraft: node {node_id} cannot bind the http listener on {http_addr}: {err}");
-                shut_down(&handle).await;
-                return 1;
-            }
-        };
+    let (server, bound_http) = match kraft::api::http_server_with(
+        handle.clone(),
+        http_addr,
+        config.log.max_batch_bytes,
+        config.listeners.http_workers,
+    ) {
+        Ok(bound) => bound,
+        Err(err) => {
+            eprintln!("kraft: node {node_id} cannot bind the http listener on {http_addr}: {err}");
+            shut_down(&handle).await;
+            return 1;
+        }
+    };
     let server_handle = server.handle();
     let mut server_task = actix_rt::spawn(server);
     // Tests parse this line to learn ephemeral ports: keep its shape.

@@ -377,3 +377,31 @@ fn a_data_dir_of_another_node_refuses_to_start_with_exit_1() {
     assert!(stderr.contains("cannot start"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// Threads of `pid` that actix runs (HTTP workers and the node's arbiters).
+fn actix_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the process is running")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.starts_with("actix-rt|system"))
+        .count()
+}
+
+#[test]
+fn listeners_http_workers_sets_the_number_of_http_threads() {
+    let mut threads = Vec::new();
+    for workers in [1, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let (config, mut overrides) = single_node(dir.path(), 1, free_port());
+        overrides.push(format!("listeners.http_workers={workers}"));
+        let node = Kraft::start(&config, &overrides);
+        node.wait_for_leadership();
+        node.append(&format!("served by one of {workers}"));
+        threads.push(actix_threads(node.child.id()));
+    }
+    assert_eq!(
+        threads[1],
+        threads[0] + 2,
+        "actix threads with 1 and 3 HTTP workers: {threads:?}"
+    );
+}

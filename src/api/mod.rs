@@ -49,27 +49,34 @@ pub const LOG_PAGE_DEFAULT: usize = 100;
 pub const LOG_PAGE_MAX: usize = 10_000;
 /// Longest a graceful stop waits for in-flight requests, in seconds.
 const SHUTDOWN_TIMEOUT_S: u64 = 5;
-/// HTTP is not the hot path of the quorum: a few worker threads are plenty.
-const MAX_HTTP_WORKERS: usize = 4;
 
 /// Binds the HTTP API for `handle` on `addr` (port 0 picks a free port) with
 /// the request body capped at the default batch cap
-/// ([`MAX_BATCH_BYTES`], 8 MiB). Returns the server, which the caller
-/// spawns or awaits, and the bound address. The server does not install
-/// signal handlers: stopping it is the caller's business
+/// ([`MAX_BATCH_BYTES`], 8 MiB) and one worker thread. Returns the server,
+/// which the caller spawns or awaits, and the bound address. The server does
+/// not install signal handlers: stopping it is the caller's business
 /// (`server.handle().stop(true)`).
 pub fn http_server(handle: NodeHandle, addr: SocketAddr) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
-    http_server_with_limit(handle, addr, MAX_BATCH_BYTES)
+    http_server_with(handle, addr, MAX_BATCH_BYTES, crate::config::defaults::HTTP_WORKERS)
 }
 
-/// [`http_server`] with the request body capped at `max_body_bytes`
-/// (the server binary passes `log.max_batch_bytes`).
-pub fn http_server_with_limit(
+/// [`http_server`] with the request body capped at `max_body_bytes` (the
+/// server binary passes `log.max_batch_bytes`) and `workers` threads
+/// (`listeners.http_workers`, at least 1).
+///
+/// One worker is the default: the API's own work per request is small, and
+/// one thread hands all of its appends to the node together (one message,
+/// one batch), where several split them and each adds thread wake-ups. On
+/// the benchmark machine (2 cores, three nodes and the load generator) one
+/// worker gave 16-43% more appends per second at 256 clients than two, and
+/// a lower p99 at 1 and 8 clients (BENCHMARKS.md).
+pub fn http_server_with(
     handle: NodeHandle,
     addr: SocketAddr,
     max_body_bytes: usize,
+    workers: usize,
 ) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
-    serve(handle, addr, max_body_bytes)
+    serve(handle, addr, max_body_bytes, workers.max(1))
 }
 
 /// What the handlers need from a node; [`NodeHandle`] in production, a fake
@@ -117,10 +124,8 @@ fn serve<N: NodeApi + Send>(
     node: N,
     addr: SocketAddr,
     max_body_bytes: usize,
+    workers: usize,
 ) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(MAX_HTTP_WORKERS);
     let server = HttpServer::new(move || {
         let node = node.clone();
         App::new().configure(move |cfg| routes(cfg, node, max_body_bytes))

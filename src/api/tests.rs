@@ -316,7 +316,7 @@ async fn unknown_routes_and_methods_answer_json() {
 #[actix_rt::test]
 async fn served_oversize_bodies_are_413_over_the_wire() {
     let node = FakeNode::committed();
-    let (server, addr) = serve(node.clone(), "127.0.0.1:0".parse().unwrap(), 1 << 20).unwrap();
+    let (server, addr) = serve(node.clone(), "127.0.0.1:0".parse().unwrap(), 1 << 20, 1).unwrap();
     assert_ne!(addr.port(), 0);
     let server_handle = server.handle();
     actix_rt::spawn(server);
