@@ -176,9 +176,11 @@ impl Batch {
     }
 
     /// Decodes the records; fails (never panics) on damaged bytes or a count
-    /// that does not match the header.
+    /// that does not match the header. Whatever a store accepted decodes
+    /// again: the only bound is the payload itself (a length inside it that
+    /// points past its end fails before anything is allocated).
     pub fn records(&self) -> Result<Vec<Record>, CodecError> {
-        let records: Vec<Record> = decode_bounded(&self.payload, MAX_BATCH_BYTES as u64 * 2)?;
+        let records: Vec<Record> = decode_bounded(&self.payload, self.payload.len() as u64)?;
         if records.len() != self.record_count as usize {
             return Err(CodecError::Invalid(format!(
                 "batch at offset {} says {} records but holds {}",
@@ -207,6 +209,22 @@ mod tests {
         let mut batch = Batch::new(7, 3, &records);
         batch.epoch = 4;
         assert!(!batch.verify(), "the header is covered by the CRC");
+    }
+
+    #[test]
+    fn a_batch_larger_than_twice_the_batch_cap_still_decodes() {
+        // The store accepts encodings up to 2 × MAX_BATCH_BYTES + 64 bytes,
+        // so a payload just under that must decode too.
+        let records = vec![
+            Record::Data(vec![7; MAX_BATCH_BYTES]),
+            Record::Data(vec![8; MAX_BATCH_BYTES]),
+        ];
+        let batch = Batch::new(0, 1, &records);
+        assert!(batch.payload.len() > 2 * MAX_BATCH_BYTES);
+        assert_eq!(batch.records().unwrap(), records);
+        let mut lying = batch.clone();
+        lying.payload.truncate(lying.payload.len() - 1);
+        assert!(lying.records().is_err(), "a payload cut short fails");
     }
 
     #[test]

@@ -124,9 +124,9 @@ pub const FORMAT_VERSION: u32 = 2;
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
 /// Largest encoded batch ([`Batch::encoded_len`]) a backend accepts, and the decode limit for a
-/// stored value: the 8 MiB batch cap with the same headroom
-/// [`Batch::records`] allows, plus the fixed header. A batch the store could
-/// not decode again is refused at `append` rather than written.
+/// stored value: twice the 8 MiB batch cap, plus the fixed header. A batch
+/// the store could not decode again is refused at `append` rather than
+/// written ([`Batch::records`] decodes any payload it holds).
 pub const MAX_STORED_BATCH_BYTES: usize = 2 * crate::messages::MAX_BATCH_BYTES + 64;
 
 /// Checks every backend makes before it accepts a batch, so that both
