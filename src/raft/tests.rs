@@ -1110,6 +1110,44 @@ fn a_fetch_behind_on_the_high_watermark_is_answered_at_once() {
     assert!(responses(&node.take_actions()).is_empty(), "parked");
 }
 
+/// The leader reads at most FETCH_READ_MAX_BYTES for one answer, however
+/// much the fetcher asks for: each answer is held in memory while it is
+/// encoded and sent.
+#[test]
+fn a_fetch_answer_reads_at_most_fetch_read_max_bytes() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    let asking = |max_bytes: u32| {
+        RaftRequest::Fetch(FetchRequest {
+            replica_id: 2,
+            current_epoch: 1,
+            fetch_offset: 0,
+            last_fetched_epoch: 0,
+            max_wait_ms: 0,
+            max_bytes,
+        })
+    };
+    let cases = [
+        (1, MAX_BATCH_BYTES as u32, FETCH_READ_MAX_BYTES),
+        (2, u32::MAX, FETCH_READ_MAX_BYTES),
+        (3, 4096, 4096),
+    ];
+    for (request_id, asked, read) in cases {
+        node.handle_request(now, 2, request_id, asking(asked));
+        let actions = node.take_actions();
+        assert!(
+            actions.iter().any(|a| matches!(
+                a,
+                Action::RespondFetch {
+                    read: Some(ReadRange { from: 0, max_bytes, .. }),
+                    ..
+                } if *max_bytes == read
+            )),
+            "asked for {asked} bytes: {actions:?}"
+        );
+    }
+}
+
 #[test]
 fn a_caught_up_fetch_parks_until_data_or_timeout() {
     let (mut node, now) = elect_leader();

@@ -316,6 +316,8 @@ pub use sled_store::SledReader;
 /// every page it removes into sled's cache, evicting pages other threads
 /// allocated.
 pub(crate) fn return_free_memory() {
+    #[cfg(test)]
+    TRIMS_ON_THIS_THREAD.with(|trims| trims.set(trims.get() + 1));
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let started = std::time::Instant::now();
@@ -328,4 +330,16 @@ pub(crate) fn return_free_memory() {
             "freed memory handed back to the system"
         );
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// [`return_free_memory`] calls made on this thread, for tests.
+    static TRIMS_ON_THIS_THREAD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many times this thread has handed freed memory back.
+#[cfg(test)]
+pub(crate) fn trims_on_this_thread() -> u64 {
+    TRIMS_ON_THIS_THREAD.with(|trims| trims.get())
 }
