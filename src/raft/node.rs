@@ -303,6 +303,9 @@ struct FollowerState {
     next_fetch_ms: u64,
     /// Set while the leader's snapshot is being fetched instead of the log.
     snapshot: Option<SnapshotFetch>,
+    /// Installs of the leader's snapshot that failed in a row: each doubles
+    /// the wait before the transfer starts again.
+    failed_installs: u32,
 }
 
 /// A snapshot transfer from the leader (KIP-630).
@@ -666,6 +669,7 @@ impl RaftNode {
         self.latest_snapshot = Some(id);
         if let Role::Follower(f) = &mut self.role {
             f.snapshot = None;
+            f.failed_installs = 0;
             f.next_fetch_ms = now;
             f.fetch_deadline_ms = f.fetch_deadline_ms.max(now + self.config.fetch_timeout_ms);
         }
@@ -735,10 +739,23 @@ impl RaftNode {
         self.advance_clock(now_ms);
         let now = self.now_ms;
         self.check_install_pending(id)?;
-        tracing::warn!(?id, "installing the fetched snapshot failed; fetching it again");
         if let Role::Follower(f) = &mut self.role {
+            f.failed_installs = f.failed_installs.saturating_add(1);
+            // A snapshot that fails to install again and again (damaged at
+            // the leader, or this disk full) must not be fetched whole every
+            // retry backoff: the wait doubles, up to half the fetch timeout
+            // (a longer one would let the fetch timeout expire).
+            let doublings = (f.failed_installs - 1).min(16);
+            let wait =
+                (self.config.retry_backoff_ms.max(1) << doublings).min((self.config.fetch_timeout_ms / 2).max(1));
+            tracing::warn!(
+                ?id,
+                failed_in_a_row = f.failed_installs,
+                wait_ms = wait,
+                "installing the fetched snapshot failed; fetching it again"
+            );
             f.snapshot = None;
-            f.next_fetch_ms = now + self.config.retry_backoff_ms.max(1);
+            f.next_fetch_ms = now + wait;
             f.fetch_deadline_ms = f.fetch_deadline_ms.max(now + self.config.fetch_timeout_ms);
         }
         self.poll();
@@ -1083,6 +1100,7 @@ impl RaftNode {
             leader_resigned: false,
             next_fetch_ms: self.now_ms,
             snapshot: None,
+            failed_installs: 0,
         }
     }
 

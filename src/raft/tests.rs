@@ -1936,24 +1936,7 @@ fn follower_behind_the_log_start() -> RaftNode {
     let actions = node.take_actions();
     let (to, corr, request) = sent(&actions).pop().expect("a fetch");
     assert!(matches!(request, RaftRequest::Fetch(_)));
-    node.handle_response(
-        1,
-        to,
-        corr,
-        RaftResponse::Fetch(FetchResponse {
-            error: ErrorCode::None,
-            epoch: 5,
-            leader_id: Some(2),
-            high_watermark: 300,
-            log_start_offset: 200,
-            diverging_epoch: None,
-            snapshot_id: Some(SnapshotId {
-                end_offset: 200,
-                epoch: 4,
-            }),
-            batches: Vec::new(),
-        }),
-    );
+    node.handle_response(1, to, corr, snapshot_needed());
     node
 }
 
@@ -2073,6 +2056,96 @@ fn a_failed_install_fetches_the_snapshot_again() {
     assert!(
         matches!(request, RaftRequest::Fetch(ref f) if f.fetch_offset == 10),
         "{request:?}"
+    );
+}
+
+/// The Fetch answer of a leader whose log starts at its snapshot 200@4.
+fn snapshot_needed() -> RaftResponse {
+    RaftResponse::Fetch(FetchResponse {
+        error: ErrorCode::None,
+        epoch: 5,
+        leader_id: Some(2),
+        high_watermark: 300,
+        log_start_offset: 200,
+        diverging_epoch: None,
+        snapshot_id: Some(SnapshotId {
+            end_offset: 200,
+            epoch: 4,
+        }),
+        batches: Vec::new(),
+    })
+}
+
+#[test]
+fn installs_that_keep_failing_wait_longer_and_longer_before_the_next_transfer() {
+    let mut node = follower_behind_the_log_start();
+    let id = SnapshotId {
+        end_offset: 200,
+        epoch: 4,
+    };
+    let backoff = node.config().retry_backoff_ms;
+    let cap = node.config().fetch_timeout_ms / 2;
+    let mut now = 2;
+    let mut waits = Vec::new();
+    for _ in 0..8 {
+        let (corr, request) = next_request(&mut node);
+        assert!(matches!(request, RaftRequest::FetchSnapshot(_)), "{request:?}");
+        node.handle_response(now, 2, corr, chunk(0, 25, 25));
+        assert!(node.take_actions().contains(&Action::InstallSnapshot(id)));
+        node.on_snapshot_install_failed(now, id).unwrap();
+        node.take_actions();
+        let failed_at = now;
+        // The next transfer starts with a Fetch, sent once the wait is over.
+        loop {
+            now += 1;
+            node.tick(now);
+            if let Some((_, corr, request)) = sent(&node.take_actions()).pop() {
+                assert!(matches!(request, RaftRequest::Fetch(_)), "{request:?}");
+                node.handle_response(now, 2, corr, snapshot_needed());
+                break;
+            }
+        }
+        waits.push(now - failed_at);
+        assert_eq!(node.role().role, RoleKind::Follower);
+    }
+    let expected: Vec<u64> = (0..8).map(|i| (backoff << i).min(cap)).collect();
+    assert_eq!(waits, expected);
+    // An install that succeeds starts the count again: the next failure
+    // (of a newer snapshot) waits one retry backoff.
+    let (corr, _) = next_request(&mut node);
+    node.handle_response(now, 2, corr, chunk(0, 25, 25));
+    node.take_actions();
+    node.on_snapshot_installed(now, id).unwrap();
+    let newer = SnapshotId {
+        end_offset: 400,
+        epoch: 5,
+    };
+    let (corr, request) = next_request(&mut node);
+    assert!(
+        matches!(request, RaftRequest::Fetch(ref f) if f.fetch_offset == 200),
+        "{request:?}"
+    );
+    let RaftResponse::Fetch(mut moved_on) = snapshot_needed() else {
+        unreachable!()
+    };
+    moved_on.log_start_offset = 400;
+    moved_on.snapshot_id = Some(newer);
+    node.handle_response(now, 2, corr, RaftResponse::Fetch(moved_on));
+    let (corr, _) = next_request(&mut node);
+    let RaftResponse::FetchSnapshot(mut newer_chunk) = chunk(0, 25, 25) else {
+        unreachable!()
+    };
+    newer_chunk.snapshot_id = newer;
+    node.handle_response(now, 2, corr, RaftResponse::FetchSnapshot(newer_chunk));
+    assert!(node.take_actions().contains(&Action::InstallSnapshot(newer)));
+    node.on_snapshot_install_failed(now, newer).unwrap();
+    node.take_actions();
+    node.tick(now + backoff - 1);
+    assert!(sent(&node.take_actions()).is_empty());
+    node.tick(now + backoff);
+    assert!(
+        !sent(&node.take_actions()).is_empty(),
+        "one retry backoff after a success"
     );
 }
 
