@@ -155,6 +155,40 @@ fn appends_waiting_for_a_stalled_disk_are_bounded() {
     });
 }
 
+/// The same bound when the appends arrive in one hand-over (`append_each`,
+/// the HTTP workers' path): they reach storage together, yet the ones past
+/// ~64 MiB are refused.
+#[test]
+fn appends_handed_over_together_to_a_stalled_disk_are_bounded() {
+    use actor_sim::world::paused_system;
+    use kraft::node::AppendError;
+
+    const RECORD: usize = 1024 * 1024;
+    const APPENDS: usize = 80;
+    paused_system().block_on(async {
+        let handle = stalled_single_node().await;
+        let (replies, answers): (Vec<_>, Vec<_>) = (0..APPENDS).map(|_| tokio::sync::oneshot::channel()).unzip();
+        handle.append_each(
+            replies
+                .into_iter()
+                .enumerate()
+                .map(|(i, reply)| (vec![vec![i as u8; RECORD]], reply))
+                .collect(),
+        );
+        let results = futures::future::join_all(answers).await;
+        let refused = results
+            .iter()
+            .filter(|r| matches!(r, Ok(Err(AppendError::Unavailable(why))) if why.contains("waiting for the disk")))
+            .count();
+        assert!(refused > 0, "80 MiB were taken in one hand-over while the disk stalled");
+        assert!(
+            refused <= APPENDS - 56,
+            "about 64 MiB are accepted before refusing; {refused} of {APPENDS} were refused"
+        );
+        handle.shutdown().await;
+    });
+}
+
 /// Client log reads share the storage queue with the log's own writes, so
 /// at most 32 wait on it at once; more are refused with a clear error and
 /// the node goes on.

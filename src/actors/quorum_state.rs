@@ -760,15 +760,17 @@ impl QuorumState {
         post(&self.purgatory, Register { proposed, complete }).map_err(|e| format!("fetch purgatory: {e}"))
     }
 
-    /// Refuses new appends while shutting down or when too many wait.
-    fn check_can_append(&self) -> Result<(), AppendError> {
+    /// Refuses new appends while shutting down or when too many wait;
+    /// `accepting` bytes were already accepted in the same message and are
+    /// not yet counted as unflushed.
+    fn check_can_append(&self, accepting: usize) -> Result<(), AppendError> {
         if self.shutting_down.is_some() || self.is_stopping() {
             return Err(AppendError::Unavailable("the node is shutting down".into()));
         }
-        if self.unflushed_bytes >= MAX_UNFLUSHED_BYTES {
+        let waiting = self.unflushed_bytes + accepting;
+        if waiting >= MAX_UNFLUSHED_BYTES {
             return Err(AppendError::Unavailable(format!(
-                "{} bytes of appends are waiting for the disk",
-                self.unflushed_bytes
+                "{waiting} bytes of appends are waiting for the disk"
             )));
         }
         let awaiting = self.awaiting_commit.load(Ordering::Relaxed);
@@ -812,14 +814,18 @@ impl QuorumState {
     fn propose_each(&mut self, now: u64, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
         let role = self.node.role();
         let mut accepted = Vec::with_capacity(groups.len());
+        // The groups reach storage together, after the loop: the bound on
+        // unflushed bytes counts those accepted before each.
+        let mut accepting = 0;
         for (records, reply) in groups {
-            if let Err(e) = self.check_can_append() {
+            if let Err(e) = self.check_can_append(accepting) {
                 let _ = reply.send(Err(e));
             } else if records.is_empty() {
                 let _ = reply.send(Err(AppendError::Rejected(ProposeError::Empty.to_string())));
             } else if role.role != RoleKind::Leader {
                 self.forward_local(role.leader_id, records, reply);
             } else {
+                accepting += records.iter().map(Vec::len).sum::<usize>();
                 accepted.push((records.into_iter().map(Record::Data).collect::<Vec<_>>(), reply));
             }
         }
@@ -879,7 +885,7 @@ impl QuorumState {
         ctx: &mut Context<Self>,
     ) {
         let answer = |response: AppendResponse| RaftResponse::Append(response);
-        match self.check_can_append() {
+        match self.check_can_append(0) {
             Err(AppendError::Unavailable(reason)) if self.shutting_down.is_some() || self.is_stopping() => {
                 debug!("refusing a forwarded append: {reason}");
                 let _ = reply.send(answer(AppendResponse::NotLeader { leader_id: None }));

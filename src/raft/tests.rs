@@ -1284,14 +1284,7 @@ fn appends_during_a_flush_go_into_one_next_batch() {
         "waits for the flush"
     );
     node.on_flushed(now, 1);
-    let batches: Vec<Batch> = node
-        .take_actions()
-        .into_iter()
-        .filter_map(|a| match a {
-            Action::AppendBatch(b) => Some(b),
-            _ => None,
-        })
-        .collect();
+    let batches = appended_batches(node.take_actions());
     assert_eq!(batches.len(), 1);
     assert_eq!((batches[0].base_offset, batches[0].record_count), (1, 5));
 }
