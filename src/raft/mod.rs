@@ -27,7 +27,7 @@ pub use election::ElectionState;
 pub use log_view::LogView;
 pub use node::{
     Action, ProposeError, Proposed, RaftConfig, RaftNode, ReadRange, RoleInfo, RoleKind, UnexpectedInstall,
-    FETCH_READ_MAX_BYTES,
+    FETCH_READ_MAX_BYTES, SNAPSHOT_CHUNK_MAX_BYTES,
 };
 
 /// A node id (≥ 0).

@@ -132,6 +132,16 @@ pub struct RoleInfo {
 /// fetcher gets the rest in its next fetches.
 pub const FETCH_READ_MAX_BYTES: usize = 1 << 20;
 
+/// Most bytes of a snapshot the leader sends in one FetchSnapshot answer,
+/// whatever the fetcher asks for (Kafka's followers ask for 8 MiB, and so
+/// do kraft's). A chunk is held in memory on both sides, as read and as the
+/// frame it is encoded into, like a Fetch answer (see
+/// [`FETCH_READ_MAX_BYTES`]). A fresh observer fetching a 107 MiB snapshot
+/// peaked at 36-115 MiB of RSS in chunks of 8 MiB and at 17-19 MiB in
+/// chunks of 1 MiB, and caught up in 0.8-1.2 s instead of 1.5-2.0 s
+/// (`bench state`, three alternated pairs).
+pub const SNAPSHOT_CHUNK_MAX_BYTES: usize = 1 << 20;
+
 /// The log range a Fetch response must carry; the shell reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadRange {
@@ -1929,7 +1939,7 @@ impl RaftNode {
             to: from,
             request_id,
             response,
-            max_bytes: (req.max_bytes as usize).min(MAX_BATCH_BYTES),
+            max_bytes: (req.max_bytes as usize).min(SNAPSHOT_CHUNK_MAX_BYTES),
         });
     }
 

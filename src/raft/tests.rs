@@ -1857,10 +1857,26 @@ fn the_leader_serves_only_its_latest_snapshot() {
                 (response.error, response.snapshot_id, response.position),
                 (ErrorCode::None, SNAPSHOT, 4096)
             );
-            assert_eq!(*max_bytes, MAX_BATCH_BYTES, "chunks are at most 8 MiB");
+            assert_eq!(*max_bytes, SNAPSHOT_CHUNK_MAX_BYTES, "chunks are at most 1 MiB");
         }
         other => panic!("{other:?}"),
     }
+    // A fetcher asking for less gets no more than it asked for.
+    let small = RaftRequest::FetchSnapshot(FetchSnapshotRequest {
+        replica_id: 7,
+        current_epoch: epoch,
+        snapshot_id: SNAPSHOT,
+        position: 0,
+        max_bytes: 4096,
+    });
+    node.handle_request(1, 7, 9, small);
+    assert!(
+        matches!(
+            node.take_actions().as_slice(),
+            [Action::RespondFetchSnapshot { max_bytes: 4096, .. }]
+        ),
+        "a small ask is kept"
+    );
     let older = SnapshotId {
         end_offset: 60,
         epoch: 1,
