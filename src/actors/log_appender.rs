@@ -25,8 +25,12 @@
 //!
 //! Reads below the log start are answered from the newest snapshot, which
 //! holds every record below its end with its offset; the snapshot files
-//! (KIP-630: writing, serving chunks to fetchers, installing one fetched
-//! from the leader) are handled here too, in order with the log's writes.
+//! (KIP-630: writing, installing one fetched from the leader) are handled
+//! here too, in order with the log's writes. Chunks of a snapshot served to
+//! fetchers are read on a thread of their own ([`ChunkServer`]): a snapshot
+//! file never changes once written, and opening one validates all of it
+//! (~150 ms for 107 MiB), which must not hold up the log's appends and
+//! flushes.
 //!
 //! [`LogAppender::spawn_task`] runs the same loop on a task of the current
 //! runtime instead of a thread, for stores that never block: the
@@ -245,8 +249,9 @@ pub struct SnapshotChunk {
 /// thread so that their writes are ordered with the log's.
 struct SnapshotFiles {
     dir: Option<PathBuf>,
-    /// The snapshot being served to fetchers, opened (and validated) once.
-    serving: Option<SnapshotReader>,
+    /// Chunks for fetchers, when no [`ChunkServer`] thread serves them (a
+    /// store run on a task).
+    chunks: ChunkServer,
     /// The snapshot being received from the leader.
     installing: Option<SnapshotInstaller>,
     /// The newest snapshot: it holds every record below the log start.
@@ -264,8 +269,8 @@ struct SnapshotFiles {
 impl SnapshotFiles {
     fn new(dir: Option<PathBuf>) -> Self {
         SnapshotFiles {
+            chunks: ChunkServer::new(dir.clone()),
             dir,
-            serving: None,
             installing: None,
             latest: None,
             below: None,
@@ -298,19 +303,6 @@ impl SnapshotFiles {
         )?;
         self.use_latest(id);
         Ok(meta)
-    }
-
-    fn read_chunk(&mut self, id: SnapshotId, position: u64, max_bytes: usize) -> Result<SnapshotChunk, String> {
-        if self.serving.as_ref().map(|r| r.id()) != Some(id) {
-            let dir = self.dir()?;
-            self.serving = Some(SnapshotReader::open(&snapshot::path_of(dir, id)).map_err(|e| e.to_string())?);
-        }
-        let reader = self.serving.as_ref().expect("opened above");
-        let bytes = reader.read_chunk(position, max_bytes).map_err(|e| e.to_string())?;
-        Ok(SnapshotChunk {
-            size: reader.size_bytes(),
-            bytes,
-        })
     }
 
     fn write_chunk(&mut self, id: SnapshotId, size: u64, position: u64, bytes: &[u8]) {
@@ -524,6 +516,65 @@ const TRIM_EVERY_BYTES: u64 = 32 << 20;
 /// when trimming every 8 MiB, its snapshots no slower (392-454 ms).
 const SNAPSHOT_TRIM_EVERY_BYTES: u64 = 8 << 20;
 
+/// Reads chunks of local snapshot files for FetchSnapshot answers. Runs on
+/// a thread of its own beside the storage thread ([`ChunkServer::spawn`]),
+/// or inside it for a store run on a task.
+struct ChunkServer {
+    dir: Option<PathBuf>,
+    /// The snapshot being served, opened (and so validated, all of it) once.
+    serving: Option<SnapshotReader>,
+}
+
+/// One chunk to read, for [`ChunkServer::spawn`]'s thread.
+struct ChunkRead {
+    id: SnapshotId,
+    position: u64,
+    max_bytes: usize,
+    reply: oneshot::Sender<Result<SnapshotChunk, String>>,
+}
+
+impl ChunkServer {
+    fn new(dir: Option<PathBuf>) -> ChunkServer {
+        ChunkServer { dir, serving: None }
+    }
+
+    /// Starts a thread serving chunks of the snapshots in `dir` until every
+    /// sender is gone. Files are opened by id: one deleted since is
+    /// answered with an error, one open already is read to its end.
+    fn spawn(node_id: NodeId, dir: PathBuf) -> std::io::Result<Sender<ChunkRead>> {
+        let (tx, rx) = crossbeam_channel::bounded::<ChunkRead>(MAX_QUEUED_COMMANDS);
+        let mut server = ChunkServer::new(Some(dir));
+        std::thread::Builder::new()
+            .name(format!("kraft-chunks-{node_id}"))
+            .spawn(move || {
+                for read in rx {
+                    let chunk = server.read_chunk(read.id, read.position, read.max_bytes);
+                    // A closed receiver means the fetcher's answer was dropped.
+                    let _ = read.reply.send(chunk);
+                }
+            })?;
+        Ok(tx)
+    }
+
+    fn read_chunk(&mut self, id: SnapshotId, position: u64, max_bytes: usize) -> Result<SnapshotChunk, String> {
+        if self.serving.as_ref().map(|r| r.id()) != Some(id) {
+            let dir = self
+                .dir
+                .as_ref()
+                .ok_or_else(|| "this node keeps no snapshot files".to_string())?;
+            // Forget the previous one first: a failed open leaves none.
+            self.serving = None;
+            self.serving = Some(SnapshotReader::open(&snapshot::path_of(dir, id)).map_err(|e| e.to_string())?);
+        }
+        let reader = self.serving.as_ref().expect("opened above");
+        let bytes = reader.read_chunk(position, max_bytes).map_err(|e| e.to_string())?;
+        Ok(SnapshotChunk {
+            size: reader.size_bytes(),
+            bytes,
+        })
+    }
+}
+
 /// A snapshot being written on a thread of its own.
 struct SnapshotThread {
     cancel: Arc<AtomicBool>,
@@ -553,6 +604,9 @@ pub struct LogAppender {
     /// `tx` so that a dropped handle's sender is gone before the wake-up.
     wake: Waker,
     counters: Arc<StorageCounters>,
+    /// The [`ChunkServer`] thread, when there is one; else chunks are read
+    /// by the storage thread (a store run on a task).
+    chunks: Option<Sender<ChunkRead>>,
 }
 
 /// Wakes a task-run store; on drop too, so the task sees the channel
@@ -604,6 +658,10 @@ impl LogAppender {
     ) -> std::io::Result<(LogAppender, JoinHandle<()>)> {
         let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_COMMANDS);
         let counters = Arc::new(StorageCounters::default());
+        let chunks = match &snapshot_dir {
+            Some(dir) => Some(ChunkServer::spawn(node_id, dir.clone())?),
+            None => None,
+        };
         let mut worker = StorageThread::new(store, snapshot_dir, events, counters.clone());
         worker.name = format!("kraft-snapshot-{node_id}");
         let thread = std::thread::Builder::new()
@@ -613,6 +671,7 @@ impl LogAppender {
             tx,
             wake: Waker(None),
             counters,
+            chunks,
         };
         Ok((appender, thread))
     }
@@ -673,6 +732,7 @@ impl LogAppender {
                 tx,
                 wake: Waker(Some(wake)),
                 counters,
+                chunks: None,
             },
             task,
         )
@@ -761,7 +821,9 @@ impl LogAppender {
         Ok(rx)
     }
 
-    /// Reads a chunk of the local snapshot `id` for a FetchSnapshot answer.
+    /// Reads a chunk of the local snapshot `id` for a FetchSnapshot answer,
+    /// on the [`ChunkServer`] thread when there is one: never queued behind
+    /// the log's writes and flushes, nor they behind it.
     pub fn read_snapshot_chunk(
         &self,
         id: SnapshotId,
@@ -769,12 +831,25 @@ impl LogAppender {
         max_bytes: usize,
     ) -> Result<oneshot::Receiver<Result<SnapshotChunk, String>>, AppenderError> {
         let (reply, rx) = oneshot::channel();
-        self.push(Command::ReadSnapshotChunk {
-            id,
-            position,
-            max_bytes,
-            reply,
-        })?;
+        match &self.chunks {
+            Some(chunks) => chunks
+                .try_send(ChunkRead {
+                    id,
+                    position,
+                    max_bytes,
+                    reply,
+                })
+                .map_err(|e| match e {
+                    TrySendError::Full(_) => AppenderError::Overloaded(chunks.len()),
+                    TrySendError::Disconnected(_) => AppenderError::Stopped,
+                })?,
+            None => self.push(Command::ReadSnapshotChunk {
+                id,
+                position,
+                max_bytes,
+                reply,
+            })?,
+        }
         Ok(rx)
     }
 
@@ -1012,7 +1087,7 @@ impl StorageThread {
                     max_bytes,
                     reply,
                 } => {
-                    let _ = reply.send(self.snapshots.read_chunk(id, position, max_bytes));
+                    let _ = reply.send(self.snapshots.chunks.read_chunk(id, position, max_bytes));
                 }
                 Command::WriteSnapshotChunk {
                     id,
@@ -1472,6 +1547,71 @@ mod tests {
         let error = write_snapshot(dir.path(), id, None, &read, &cancel).expect_err("cancelled");
         assert!(error.contains("cancelled"), "{error}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing left");
+    }
+
+    #[test]
+    fn snapshot_chunks_are_served_while_the_storage_thread_is_held_in_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = SnapshotId {
+            end_offset: 4,
+            epoch: 1,
+        };
+        // One storage thread writes the snapshot...
+        {
+            let (store, _) = store();
+            let (events, mut events_rx) = mpsc::unbounded_channel();
+            let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.path().into()), events).unwrap();
+            appender.append(batch(0, 1, 2)).unwrap();
+            appender.append(batch(2, 1, 2)).unwrap();
+            appender.flush().unwrap();
+            next_event(&mut events_rx).unwrap();
+            block_on(appender.create_snapshot(id, None).unwrap()).unwrap().unwrap();
+            block_on(appender.shutdown().unwrap()).unwrap();
+            thread.join().unwrap();
+        }
+        let file = std::fs::read(snapshot::path_of(dir.path(), id)).unwrap();
+
+        // ...and the next one serves it while its flush hangs.
+        let (mut store, _) = store();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, gate) = std::sync::mpsc::channel::<()>();
+        store.gate = Some((entered_tx, gate));
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.path().into()), events).unwrap();
+        appender.append(batch(0, 1, 2)).unwrap();
+        appender.flush().unwrap();
+        entered.recv_timeout(LIVENESS_WAIT).expect("the flush started");
+        let mut reply = appender.read_snapshot_chunk(id, 0, 1 << 20).unwrap();
+        let deadline = Instant::now() + LIVENESS_WAIT;
+        let chunk = loop {
+            match reply.try_recv() {
+                Ok(chunk) => break chunk.expect("the snapshot is there"),
+                Err(oneshot::error::TryRecvError::Empty) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => panic!("no chunk while the storage thread is held in a flush: {e:?}"),
+            }
+        };
+        assert_eq!(
+            (chunk.size, chunk.bytes.as_slice()),
+            (file.len() as u64, file.as_slice())
+        );
+        // A file that is not there is an error, not a hang.
+        let missing = SnapshotId {
+            end_offset: 8,
+            epoch: 1,
+        };
+        assert!(block_on(appender.read_snapshot_chunk(missing, 0, 1 << 20).unwrap())
+            .unwrap()
+            .is_err());
+
+        drop(release);
+        assert!(matches!(
+            next_event(&mut events_rx),
+            Some(StorageEvent::Flushed { durable_end: 2, .. })
+        ));
+        block_on(appender.shutdown().unwrap()).unwrap();
+        thread.join().unwrap();
     }
 
     #[test]

@@ -496,7 +496,8 @@ impl QuorumState {
                                 warn!(id = ?response.snapshot_id, "cannot serve the snapshot: {e}");
                                 response.error = ErrorCode::SnapshotNotFound;
                             }
-                            // The storage thread failed; it reports that itself.
+                            // The thread reading it stopped: the next read
+                            // is refused, and that stops the node.
                             Err(_) => return,
                         }
                         let _ = reply.send(RaftResponse::FetchSnapshot(response));
