@@ -849,7 +849,7 @@ impl RaftNode {
             Role::Unattached(s) => {
                 if self.config.is_voter() {
                     s.election_deadline_ms
-                } else if self.has_inflight(RequestKind::Fetch) {
+                } else if self.has_inflight(RequestKind::Fetch) || self.log.has_unflushed() {
                     u64::MAX
                 } else {
                     s.next_discovery_ms
@@ -1014,13 +1014,19 @@ impl RaftNode {
     }
 
     fn become_prospective(&mut self) {
+        if self.election.epoch == Epoch::MAX {
+            self.give_up_elections();
+            return;
+        }
         let round = self.new_round();
         self.transition(Role::Prospective(round), None);
         self.maybe_win_pre_vote();
     }
 
     fn become_candidate(&mut self, retries: u32) {
-        let epoch = self.election.epoch + 1;
+        let Some(epoch) = self.election.epoch.checked_add(1) else {
+            return self.give_up_elections();
+        };
         let me = self.config.node_id;
         let persist = ElectionState {
             epoch,
@@ -1071,6 +1077,25 @@ impl RaftNode {
             granting_voters: granting.into_iter().collect(),
         };
         self.append_as_leader(vec![record]);
+    }
+
+    /// No epoch follows [`Epoch::MAX`], so no election can start: the node
+    /// waits Unattached, without an election deadline, and still follows a
+    /// leader of this epoch. Only a damaged election state or a peer that
+    /// sent that epoch gets a node here (a new epoch per election would
+    /// take decades); it is reported, never a panic or a wrapped epoch.
+    fn give_up_elections(&mut self) {
+        if matches!(&self.role, Role::Unattached(s) if s.election_deadline_ms == u64::MAX) {
+            return;
+        }
+        tracing::error!(
+            epoch = self.election.epoch,
+            "the epoch is at its largest value: this node can start no election (a damaged election state, \
+             or a peer sent that epoch); it follows a leader of this epoch if one appears"
+        );
+        let mut state = self.new_unattached();
+        state.election_deadline_ms = u64::MAX;
+        self.transition(Role::Unattached(state), None);
     }
 
     fn new_unattached(&mut self) -> UnattachedState {
@@ -1176,7 +1201,10 @@ impl RaftNode {
             if now >= state.election_deadline_ms || self.is_only_voter() {
                 self.become_prospective();
             }
-        } else if now >= state.next_discovery_ms && !self.has_inflight(RequestKind::Fetch) {
+        } else if now >= state.next_discovery_ms && !self.has_inflight(RequestKind::Fetch) && !self.log.has_unflushed()
+        {
+            // Its fetch offset is its log end: only once that is durable,
+            // as for a follower.
             // An observer knows the voters but not the leader: ask one.
             let voters: Vec<NodeId> = self.config.voters.keys().copied().collect();
             let to = voters[self.rng.gen_range(0..voters.len())];
@@ -1195,7 +1223,10 @@ impl RaftNode {
             self.prospective_lost();
             return;
         }
-        let request = self.vote_request(self.election.epoch + 1, true);
+        let Some(epoch) = self.election.epoch.checked_add(1) else {
+            return self.give_up_elections();
+        };
+        let request = self.vote_request(epoch, true);
         self.send_election_requests(request, RequestKind::PreVote);
     }
 
@@ -2141,6 +2172,21 @@ impl RaftNode {
             return;
         }
         if let Some(id) = resp.snapshot_id {
+            // A leader's snapshot is of its epoch or an earlier one, and
+            // holds every committed record: one of a later epoch would start
+            // our log at an epoch no leader has yet, one ending below our
+            // high watermark would lose committed records.
+            if id.epoch > resp.epoch || id.epoch < 0 || id.end_offset < self.high_watermark {
+                tracing::error!(
+                    leader = from,
+                    ?id,
+                    epoch = resp.epoch,
+                    hw = self.high_watermark,
+                    "refusing a snapshot that cannot be the leader's"
+                );
+                f.next_fetch_ms = retry;
+                return;
+            }
             // Our log is below the leader's log start: fetch its snapshot
             // (resumable by position), install it, then fetch the log again.
             f.last_fetch_success_ms = Some(now);

@@ -2249,3 +2249,164 @@ fn an_install_nobody_asked_for_is_ignored() {
     assert_eq!(installing.log().start_offset(), 200);
     assert_eq!(installing.latest_snapshot(), Some(id));
 }
+
+/// An observer whose flush stalls past the fetch timeout goes back to
+/// Unattached; its leader-discovery fetch names its log end, so it too
+/// waits until that end is durable.
+#[test]
+fn an_observer_never_fetches_past_its_flushed_end() {
+    let mut node = start(
+        9,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 1,
+            voted_for: None,
+            leader_id: Some(1),
+        },
+    );
+    let corr = sent(&node.take_actions())[0].1;
+    let batch = Batch::new(0, 1, &[Record::NoOp, Record::NoOp]);
+    node.handle_response(5, 1, corr, data_response(1, 0, vec![batch]));
+    assert!(node.take_actions().contains(&Action::Flush));
+    // The disk stalls past the fetch timeout.
+    node.tick(5 + FETCH_T);
+    assert_eq!(node.role().role, RoleKind::Unattached);
+    let fetches = |actions: &[Action]| -> Vec<Offset> {
+        sent(actions)
+            .into_iter()
+            .filter_map(|(_, _, r)| match r {
+                RaftRequest::Fetch(f) => Some(f.fetch_offset),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        fetches(&node.take_actions()),
+        Vec::<Offset>::new(),
+        "nothing is flushed yet"
+    );
+    assert_eq!(node.next_deadline_ms(), u64::MAX, "it waits for the flush, not a timer");
+    node.on_flushed(6 + FETCH_T, 2);
+    assert_eq!(
+        fetches(&node.take_actions()),
+        vec![2],
+        "then it asks from its durable end"
+    );
+}
+
+/// No epoch follows `Epoch::MAX`: a node taught it by a peer, or starting
+/// with it, never panics or wraps the epoch; it just cannot campaign.
+#[test]
+fn a_peer_sending_the_largest_epoch_cannot_panic_the_node() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    node.take_actions();
+    let begin = RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
+        epoch: Epoch::MAX,
+        leader_id: 2,
+        leader_endpoint: "127.0.0.1:9002".into(),
+    });
+    node.handle_request(1, 2, 1, begin);
+    assert_eq!(persisted(&node.take_actions())[0].epoch, Epoch::MAX);
+    assert_eq!(node.role().role, RoleKind::Follower);
+    // The leader goes silent: no campaign, no election timer left to spin on.
+    node.tick(10 * FETCH_T);
+    let actions = node.take_actions();
+    assert!(persisted(&actions).is_empty(), "{actions:?}");
+    assert!(!sent(&actions).iter().any(|(_, _, r)| matches!(r, RaftRequest::Vote(_))));
+    assert_eq!(node.role().role, RoleKind::Unattached);
+    assert_eq!(node.role().epoch, Epoch::MAX);
+    assert_eq!(node.next_deadline_ms(), u64::MAX);
+    node.tick(100 * FETCH_T);
+    assert!(node.take_actions().is_empty());
+}
+
+#[test]
+fn a_single_voter_at_the_largest_epoch_starts_without_panicking() {
+    let mut node = start(
+        1,
+        &[1],
+        ElectionState {
+            epoch: Epoch::MAX,
+            voted_for: Some(1),
+            leader_id: Some(1),
+        },
+    );
+    assert_eq!(
+        (node.role().role, node.role().epoch),
+        (RoleKind::Unattached, Epoch::MAX)
+    );
+    node.take_actions();
+    node.tick(10 * FETCH_T);
+    assert!(node.take_actions().is_empty());
+}
+
+/// A fetch answer naming a snapshot of a later epoch than the leader's (or
+/// ending below the high watermark) is refused: installing it would start
+/// the log at an epoch the node's next leadership could not append to.
+#[test]
+fn a_snapshot_of_a_later_epoch_than_the_leaders_is_refused() {
+    let election = ElectionState {
+        epoch: 5,
+        voted_for: None,
+        leader_id: Some(2),
+    };
+    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
+    let answer = |node: &mut RaftNode, id: SnapshotId, hw: Offset| {
+        let (to, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
+        node.handle_response(
+            1,
+            to,
+            corr,
+            RaftResponse::Fetch(FetchResponse {
+                error: ErrorCode::None,
+                epoch: 5,
+                leader_id: Some(2),
+                high_watermark: hw,
+                log_start_offset: 200,
+                diverging_epoch: None,
+                snapshot_id: Some(id),
+                batches: Vec::new(),
+            }),
+        );
+    };
+    let later = SnapshotId {
+        end_offset: 200,
+        epoch: 50,
+    };
+    answer(&mut node, later, 300);
+    // Refused: the next request is a Fetch again (after the backoff), never
+    // a FetchSnapshot.
+    node.tick(1 + 1000);
+    let next = sent(&node.take_actions());
+    assert!(
+        next.iter().all(|(_, _, r)| matches!(r, RaftRequest::Fetch(_))) && !next.is_empty(),
+        "{next:?}"
+    );
+    // The same id in the leader's epoch is fetched.
+    let ours = SnapshotId {
+        end_offset: 200,
+        epoch: 5,
+    };
+    node.handle_response(
+        2,
+        next[0].0,
+        next[0].1,
+        RaftResponse::Fetch(FetchResponse {
+            error: ErrorCode::None,
+            epoch: 5,
+            leader_id: Some(2),
+            high_watermark: 300,
+            log_start_offset: 200,
+            diverging_epoch: None,
+            snapshot_id: Some(ours),
+            batches: Vec::new(),
+        }),
+    );
+    node.tick(3);
+    assert!(
+        sent(&node.take_actions())
+            .iter()
+            .any(|(_, _, r)| matches!(r, RaftRequest::FetchSnapshot(f) if f.snapshot_id == ours)),
+        "the leader's own snapshot is fetched"
+    );
+}
