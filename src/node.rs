@@ -545,6 +545,20 @@ fn recover_snapshots(dir: &Path, store: &mut dyn LogStore) -> Result<Vec<(Snapsh
             held.push((older, 0));
         }
     }
+    // A log that starts above 0 starts where its earliest snapshot ends.
+    // The cleaner deletes the older snapshots before it compacts the log to
+    // the newer one; a crash in between leaves the log starting below the
+    // earliest snapshot left, with the records in between in both. Finish
+    // that compaction.
+    let earliest = held.iter().map(|(id, _)| id.end_offset).min().unwrap_or(id.end_offset);
+    if start > 0 && start < earliest {
+        warn!(
+            log_start_offset = start,
+            earliest_snapshot_end = earliest,
+            "finishing a compaction a crash interrupted"
+        );
+        store.delete_before(earliest)?;
+    }
     Ok(held)
 }
 
