@@ -10,6 +10,9 @@
 //! - `state`: what a large log costs on a 3-node cluster of real processes:
 //!   memory and disk with N records, snapshot, compaction, a fresh observer
 //!   joining, a crashed follower restarting.
+//! - `soak`: whether disk use stays bounded under a steady write load with
+//!   snapshots and retention on (3 real processes, sampled every few
+//!   seconds).
 //! - `limits`: only the machine's limits (fdatasync, loopback round trip).
 //! - `plot`: redraws the chart of a `cluster` results JSON.
 
@@ -22,6 +25,7 @@ mod kraft_cluster;
 mod load;
 mod plot;
 mod procs;
+mod soak;
 mod state;
 mod zookeeper;
 
@@ -50,6 +54,8 @@ enum Command {
     Embedded(EmbeddedArgs),
     /// What a large log costs: memory, disk, snapshot, compaction, a fresh observer joining, a restart (3 real processes).
     State(StateArgs),
+    /// Disk use under a steady write load with small snapshot and retention limits, sampled over minutes (3 real processes).
+    Soak(SoakArgs),
     /// Only the machine's limits: fdatasync'd appends and the loopback TCP round trip.
     Limits(CommonArgs),
     /// Redraws the chart of a results JSON written by `cluster` (next to it, .svg).
@@ -143,6 +149,61 @@ struct StateArgs {
 }
 
 #[derive(Args)]
+struct SoakArgs {
+    /// Where the cluster's data directories go; a fresh temp directory is made inside.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    data_root: PathBuf,
+    /// Results directory (JSON).
+    #[arg(long, default_value_os_t = default_out())]
+    out: PathBuf,
+    /// Leave the data directories and server logs in place (their path is printed).
+    #[arg(long)]
+    keep_data: bool,
+    /// A kraft release binary; by default `cargo build --release --locked --bin kraft` runs in the repository.
+    #[arg(long)]
+    kraft_bin: Option<PathBuf>,
+    /// Minutes of load.
+    #[arg(long, default_value_t = 15.0)]
+    minutes: f64,
+    /// Seconds the cluster is still sampled after the load stopped.
+    #[arg(long, default_value_t = 30.0)]
+    settle_secs: f64,
+    /// Seconds between two samples.
+    #[arg(long, default_value_t = 5.0)]
+    sample_secs: f64,
+    /// Bytes of each record's value.
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// Records per POST /v1/append.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Connections appending (each sends its next batch once the previous one committed).
+    #[arg(long, default_value_t = 2)]
+    clients: usize,
+    /// Records per second all connections together send at most (0: as fast as the cluster commits).
+    #[arg(long, default_value_t = 5_000)]
+    records_per_sec: u64,
+    /// The nodes' snapshot.max_bytes_between.
+    #[arg(long, default_value_t = 4 << 20)]
+    snapshot_max_bytes_between: u64,
+    /// The nodes' snapshot.max_interval_ms.
+    #[arg(long, default_value_t = 60_000)]
+    snapshot_max_interval_ms: u64,
+    /// The nodes' log.retention_bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    retention_bytes: u64,
+    /// The nodes' log.retention_ms.
+    #[arg(long, default_value_t = 60_000)]
+    retention_ms: u64,
+    /// The nodes' log.cleaner_interval_ms.
+    #[arg(long, default_value_t = 2_000)]
+    cleaner_interval_ms: u64,
+    /// Stop the load early once the data filesystem has less than this many GiB free.
+    #[arg(long, default_value_t = 5.0)]
+    min_free_gib: f64,
+}
+
+#[derive(Args)]
 struct EmbeddedArgs {
     #[command(flatten)]
     common: CommonArgs,
@@ -189,6 +250,7 @@ fn main() -> ExitCode {
         Command::Cluster(args) => args.common.keep_data,
         Command::Embedded(args) => args.common.keep_data,
         Command::State(args) => args.keep_data,
+        Command::Soak(args) => args.keep_data,
         Command::Limits(args) => args.keep_data,
         Command::Plot { .. } => false,
     };
@@ -197,6 +259,7 @@ fn main() -> ExitCode {
         Command::Cluster(args) => cluster(args),
         Command::Embedded(args) => embedded(args),
         Command::State(args) => state(args),
+        Command::Soak(args) => soak(args),
         Command::Limits(args) => limits(args),
         Command::Plot { results } => harness::replot(&results).map(|svg| println!("chart: {}", svg.display())),
     };
@@ -278,6 +341,51 @@ fn state(args: StateArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         tokio::select! {
             outcome = state::run(options) => outcome,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("kraft-bench: interrupted; stopping the servers");
+                Err(anyhow::anyhow!("interrupted"))
+            }
+        }
+    })
+}
+
+fn soak(args: SoakArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.cleaner_interval_ms > 0, "--cleaner-interval-ms must be above 0");
+    anyhow::ensure!(
+        args.min_free_gib.is_finite() && args.min_free_gib >= 0.0,
+        "--min-free-gib must be a number of GiB, 0 or more"
+    );
+    let options = soak::SoakOptions {
+        duration: secs(args.minutes * 60.0, "minutes")?,
+        settle: secs(args.settle_secs, "settle-secs")?,
+        sample_every: secs(args.sample_secs, "sample-secs")?,
+        value_bytes: args.value_bytes,
+        batch: args.batch,
+        clients: args.clients,
+        records_per_sec: args.records_per_sec,
+        limits: soak::Limits {
+            snapshot_max_bytes_between: args.snapshot_max_bytes_between,
+            snapshot_max_interval_ms: args.snapshot_max_interval_ms,
+            retention_bytes: args.retention_bytes,
+            retention_ms: args.retention_ms,
+            cleaner_interval_ms: args.cleaner_interval_ms,
+        },
+        min_free_bytes: (args.min_free_gib * (1u64 << 30) as f64) as u64,
+        kraft_bin: args.kraft_bin,
+        repo_root: repo_root(),
+        out: args.out,
+        data_root: args.data_root,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    // As in `state`: the servers are started from this (main) thread inside
+    // block_on, and on Ctrl-C the future is dropped with the cluster's
+    // guard, which stops them.
+    runtime.block_on(async {
+        tokio::select! {
+            outcome = soak::run(options) => outcome,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("kraft-bench: interrupted; stopping the servers");
                 Err(anyhow::anyhow!("interrupted"))

@@ -300,6 +300,21 @@ pub fn dir_usage(path: &Path) -> (u64, u64) {
     (apparent, allocated)
 }
 
+/// Bytes free for an unprivileged user on the filesystem holding `path`
+/// (`statvfs`: available blocks times the fragment size).
+pub fn free_bytes(path: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .with_context(|| format!("{}: a path with a NUL byte", path.display()))?;
+    // SAFETY: statvfs writes only into the zeroed struct we pass; c_path is
+    // a valid NUL-terminated string for the duration of the call.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) } != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("statvfs {}", path.display()));
+    }
+    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
 /// Total CPU seconds of a set of processes (a process that is gone counts 0).
 pub fn total_cpu_seconds(pids: &[u32]) -> f64 {
     pids.iter().filter_map(|&pid| cpu_seconds(pid).ok()).sum()
@@ -381,6 +396,12 @@ mod tests {
         std::fs::write(dir.path().join("a/x"), [0u8; 1000]).unwrap();
         std::fs::write(dir.path().join("y"), [0u8; 24]).unwrap();
         assert_eq!(dir_usage(dir.path()).0, 1024);
+    }
+
+    #[test]
+    fn the_temp_dir_has_free_space() {
+        assert!(free_bytes(&std::env::temp_dir()).unwrap() > 0);
+        assert!(free_bytes(Path::new("/no/such/dir")).is_err());
     }
 
     #[test]

@@ -669,7 +669,7 @@ fn print_catch_up(c: &CatchUp) {
 
 /// For a failed step: every running node's raw `GET /v1/quorum` and the
 /// end of every server log.
-async fn diagnose(cluster: &KraftCluster) -> String {
+pub(crate) async fn diagnose(cluster: &KraftCluster) -> String {
     let mut text = String::new();
     for (id, addr) in cluster.running() {
         let answer = match tokio::time::timeout(Duration::from_secs(5), HttpConn::new(addr).get("/v1/quorum")).await {
@@ -773,7 +773,7 @@ fn print_summary(r: &Report) {
 }
 
 /// Left-aligned columns, two spaces apart, a rule under the header.
-fn table(header: &[String], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[String], rows: &[Vec<String>]) -> String {
     let columns = header.len();
     let width = |i: usize| {
         std::iter::once(header)
@@ -801,12 +801,12 @@ fn table(header: &[String], rows: &[Vec<String>]) -> String {
     out
 }
 
-fn mib(bytes: u64) -> f64 {
+pub(crate) fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
 /// Seconds, as milliseconds below 1 s.
-fn fmt_secs(secs: f64) -> String {
+pub(crate) fn fmt_secs(secs: f64) -> String {
     if secs < 1.0 {
         format!("{:.0} ms", secs * 1000.0)
     } else {
@@ -815,7 +815,7 @@ fn fmt_secs(secs: f64) -> String {
 }
 
 /// 1234567 → "1,234,567".
-fn thousands(n: u64) -> String {
+pub(crate) fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
