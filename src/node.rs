@@ -428,6 +428,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         AppendForwarder::create(|ctx| AppendForwarder::new(connect(ctx.address().recipient()), forwarder_voters));
 
     let (on_stopped, quorum_stopped) = oneshot::channel();
+    let log_end = log.end_offset();
     let mut engine = RaftNode::new(config.raft_config(), election, log, 0, seed);
     if let Some((newest, _)) = held.first() {
         engine.restore_snapshot(*newest);
@@ -440,7 +441,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
             made_ms: 0,
         })
         .collect();
-    let snapshots = SnapshotPolicy::new(&config.snapshot, &config.log, held, 0);
+    let snapshots = SnapshotPolicy::new(&config.snapshot, &config.log, held, log_end, 0);
     let peers = QuorumPeers {
         appender: appender.clone(),
         storage_events: events_rx,

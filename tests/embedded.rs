@@ -833,6 +833,43 @@ async fn a_compaction_cut_by_a_crash_is_finished_at_the_next_start() {
     node.shutdown().await;
 }
 
+/// `snapshot.max_interval_ms` writes a snapshot only when data records
+/// came since the newest one: an idle leader's NoOps alone never do, since
+/// every snapshot here rewrites the whole history.
+#[actix_rt::test]
+async fn an_idle_node_writes_no_snapshot_by_time() {
+    init_tracing();
+    let ports = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = single_node_config(&ports, dir.path(), false);
+    config.snapshot.max_interval_ms = 200;
+    config.metadata.max_idle_interval_ms = 20;
+    let node = node::start(config).await.unwrap();
+    agreed_leader(&[Some(node.clone())], 0).await;
+    let snapshots = || kraft::storage::snapshot::list(dir.path()).unwrap();
+    let one = node.append(vec![data("one")]).await.unwrap().last_offset;
+    eventually("a snapshot holding the data", || async {
+        snapshots().iter().any(|s| s.end_offset > one).then_some(())
+    })
+    .await;
+    let before = snapshots();
+    let idle_from = node.describe().await.unwrap().high_watermark;
+    // Idle for several intervals: NoOps commit, no snapshot comes.
+    eventually("NoOps to commit", || async {
+        let hw = node.describe().await.ok()?.high_watermark;
+        (hw > idle_from + 30).then_some(())
+    })
+    .await;
+    assert_eq!(snapshots(), before, "no snapshot while idle");
+    // New data: the next interval writes one.
+    let two = node.append(vec![data("two")]).await.unwrap().last_offset;
+    eventually("a snapshot holding the new data", || async {
+        snapshots().iter().any(|s| s.end_offset > two).then_some(())
+    })
+    .await;
+    node.shutdown().await;
+}
+
 /// The values of the data records among `records`.
 fn data_values(records: &[CommittedRecord]) -> Vec<String> {
     records

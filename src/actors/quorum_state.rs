@@ -375,7 +375,14 @@ impl QuorumState {
                 }
                 Action::AppendBatch(batch) => {
                     self.metrics.append_records_total += batch.record_count as u64;
-                    self.snapshots.on_appended(batch.size_bytes());
+                    // Several records are data (an idle leader's NoOp and a
+                    // LeaderChange come alone); one is decoded to tell.
+                    let data = batch.record_count > 1
+                        || batch
+                            .records()
+                            .map_or(true, |r| r.iter().any(|r| matches!(r, Record::Data(_))));
+                    self.snapshots
+                        .on_appended(batch.size_bytes(), batch.next_offset(), data);
                     self.mutations_sent += 1;
                     self.unflushed.push_back((self.mutations_sent, batch.size_bytes()));
                     self.unflushed_bytes += batch.size_bytes();

@@ -43,12 +43,23 @@ pub struct SnapshotPolicy {
     bytes_since: u64,
     /// When the newest snapshot was written, or the node started.
     since_ms: u64,
+    /// The end of the last batch appended that holds data records (at the
+    /// start, the log end: any of it may). Control records and the idle
+    /// leader's NoOps alone never make a snapshot due by time.
+    data_end: Offset,
     next_clean_ms: u64,
 }
 
 impl SnapshotPolicy {
     /// `held`: the valid snapshot files found at start, any order.
-    pub fn new(snapshot: &SnapshotConfig, log: &LogConfig, mut held: Vec<HeldSnapshot>, now_ms: u64) -> Self {
+    /// `log_end`: the log's end at start.
+    pub fn new(
+        snapshot: &SnapshotConfig,
+        log: &LogConfig,
+        mut held: Vec<HeldSnapshot>,
+        log_end: Offset,
+        now_ms: u64,
+    ) -> Self {
         held.sort_by_key(|h| h.id.end_offset);
         SnapshotPolicy {
             max_bytes_between: snapshot.max_bytes_between,
@@ -59,6 +70,7 @@ impl SnapshotPolicy {
             held,
             bytes_since: 0,
             since_ms: now_ms,
+            data_end: log_end,
             next_clean_ms: now_ms + log.cleaner_interval_ms,
         }
     }
@@ -71,14 +83,22 @@ impl SnapshotPolicy {
         self.held.last().copied()
     }
 
-    pub fn on_appended(&mut self, bytes: usize) {
+    /// A batch of `bytes` was appended, ending at `end`; `data` when it
+    /// holds data records.
+    pub fn on_appended(&mut self, bytes: usize, end: Offset, data: bool) {
         self.bytes_since += bytes as u64;
+        if data {
+            self.data_end = self.data_end.max(end);
+        }
     }
 
     /// True when a snapshot is due and `committed_end` (the committed,
     /// flushed end: where it would end) is past the newest one.
     ///
-    /// Due after `max_interval_ms`, or after as many bytes of new records
+    /// Due after `max_interval_ms` if data records came meanwhile (an idle
+    /// leader appends a NoOp every `max_idle_interval_ms`, and a snapshot
+    /// here rewrites the whole history, so an idle cluster must not write
+    /// one every interval), or after as many bytes of new records
     /// as the larger of `max_bytes_between` and the newest snapshot. The
     /// raw-record snapshot holds the whole committed log, so each one costs
     /// what the log has ever held: one every `max_bytes_between` alone
@@ -89,7 +109,8 @@ impl SnapshotPolicy {
         let newer = self.latest().is_none_or(|l| committed_end > l.end_offset) && committed_end > 0;
         let newest_bytes = self.latest_held().map_or(0, |h| h.size_bytes);
         let due = self.bytes_since >= self.max_bytes_between.max(newest_bytes)
-            || now_ms.saturating_sub(self.since_ms) >= self.max_interval_ms;
+            || (self.data_end > self.latest().map_or(0, |l| l.end_offset)
+                && now_ms.saturating_sub(self.since_ms) >= self.max_interval_ms);
         newer && due
     }
 
@@ -177,7 +198,7 @@ mod tests {
             retention_ms: 600_000,
             cleaner_interval_ms: 1000,
         };
-        SnapshotPolicy::new(&snapshot, &log, held, 0)
+        SnapshotPolicy::new(&snapshot, &log, held, 0, 0)
     }
 
     fn held(end_offset: Offset, size_bytes: u64, made_ms: u64) -> HeldSnapshot {
@@ -192,9 +213,9 @@ mod tests {
     fn a_snapshot_is_due_after_enough_bytes_or_time_and_only_past_the_newest() {
         let mut p = policy(vec![]);
         assert!(!p.snapshot_due(10, 50), "nothing appended, no time passed");
-        p.on_appended(999);
+        p.on_appended(999, 40, true);
         assert!(!p.snapshot_due(10, 50));
-        p.on_appended(1);
+        p.on_appended(1, 50, true);
         assert!(p.snapshot_due(10, 50));
         assert!(!p.snapshot_due(10, 0), "nothing committed");
         p.on_created(
@@ -207,7 +228,11 @@ mod tests {
         );
         assert!(!p.snapshot_due(10, 80), "the counter restarts");
         assert!(!p.snapshot_due(70_000, 50), "not past the newest");
-        assert!(p.snapshot_due(70_010, 80), "max_interval_ms passed");
+        assert!(!p.snapshot_due(70_010, 80), "max_interval_ms passed, but no data since");
+        p.on_appended(50, 80, false);
+        assert!(!p.snapshot_due(70_010, 80), "control records and NoOps are not data");
+        p.on_appended(50, 81, true);
+        assert!(p.snapshot_due(70_010, 81), "max_interval_ms passed, data since");
     }
 
     #[test]
@@ -217,9 +242,9 @@ mod tests {
         let mut written_bytes = 0;
         let mut log_bytes = 0;
         for _ in 0..1000 {
-            p.on_appended(100);
-            log_bytes += 100;
             end += 1;
+            p.on_appended(100, end, true);
+            log_bytes += 100;
             if p.snapshot_due(0, end) {
                 // Each snapshot holds the whole log.
                 written_bytes += log_bytes;
