@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use kraft::config::Config;
@@ -81,10 +81,7 @@ impl EmbeddedCluster {
             .enumerate()
             .map(|(i, port)| (i as NodeId + 1, format!("127.0.0.1:{port}")))
             .collect();
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
+        let nanos = procs::since_epoch().as_nanos();
         let cluster_id = format!("bench-embedded-{nanos:x}");
         let mut nodes = Vec::new();
         let mut arbiters = Vec::new();
@@ -189,10 +186,7 @@ pub async fn run(options: EmbeddedOptions) -> Result<()> {
     );
     std::fs::create_dir_all(&options.out)
         .with_context(|| format!("cannot create the results directory {}", options.out.display()))?;
-    let started_unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
+    let started_unix = procs::since_epoch().as_secs();
 
     let data_root = options.data_root.clone();
     let probe = options.probe;
@@ -309,8 +303,7 @@ pub async fn run(options: EmbeddedOptions) -> Result<()> {
         results: &results,
         kraft_over_disk_1k,
     };
-    std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    procs::write_json(&path, &report)?;
     println!("results: {}", path.display());
     Ok(())
 }

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use etcd_client::{Client, ConnectOptions};
@@ -36,10 +36,7 @@ impl EtcdCluster {
         let dir = procs::data_dir(data_root, "kraft-bench-etcd-")?;
         let ports = procs::free_ports(6)?;
         let (client, peer) = ports.split_at(3);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
+        let nanos = procs::since_epoch().as_nanos();
         let token = format!("bench-{}-{nanos:x}", std::process::id());
         let initial_cluster = (0..3)
             .map(|i| format!("m{}=http://127.0.0.1:{}", i + 1, peer[i]))

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -14,6 +14,7 @@ use crate::etcd::{self, EtcdCluster, PutClient};
 use crate::kraft_cluster::{self, AppendClient, KraftCluster};
 use crate::load::{self, LoadResult, Window};
 use crate::plot;
+use crate::procs;
 use crate::zookeeper::{self, SetDataClient, ZkEnsemble};
 
 /// The fdatasync probe before each point runs this long at most.
@@ -146,10 +147,7 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
     }
     std::fs::create_dir_all(&options.out)
         .with_context(|| format!("cannot create the results directory {}", options.out.display()))?;
-    let started_unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
+    let started_unix = procs::since_epoch().as_secs();
 
     let data_root = options.data_root.clone();
     let probe = options.probe;
@@ -244,8 +242,7 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
         points: &points,
         ratios,
     };
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    procs::write_json(&json_path, &report)?;
     let title = chart_title(options.value_bytes, report.machine.nproc);
     let series = chart_series(&points, &systems, &options.concurrency);
     match plot::latency_vs_throughput(&svg_path, &title, &series) {

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -108,10 +108,7 @@ impl KraftCluster {
     /// generated config does not have (`[log]`, `[snapshot]`, `[metadata]`).
     pub fn start_with(bin: &Path, data_root: &Path, extra_toml: &str) -> Result<KraftCluster> {
         let dir = procs::data_dir(data_root, "kraft-bench-kraft-")?;
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
+        let nanos = procs::since_epoch().as_nanos();
         let cluster_id = format!("bench-{}-{nanos:x}", std::process::id());
         let ports = procs::free_ports(6)?;
         let (raft, http) = ports.split_at(3);

@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
@@ -368,6 +368,18 @@ pub fn which(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
         .find(|candidate| candidate.is_file())
+}
+
+/// Time since the Unix epoch (zero for a clock set before it): names
+/// results files and makes cluster ids unique.
+pub fn since_epoch() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+}
+
+/// Writes `report` to `path` as pretty JSON.
+pub fn write_json(path: &Path, report: &impl serde::Serialize) -> Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(report)?)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -24,7 +24,7 @@ use crate::http::HttpConn;
 use crate::kraft_cluster::{self, KraftCluster, QuorumView};
 use crate::load;
 use crate::procs::{self, Memory};
-use crate::state::{diagnose, fmt_secs, mib, table, thousands};
+use crate::state::{fmt_secs, mib, or_diagnose, table, thousands};
 
 /// The voters' node ids.
 const VOTERS: [usize; 3] = [1, 2, 3];
@@ -175,10 +175,7 @@ pub async fn run(options: SoakOptions) -> Result<()> {
     let bin = kraft_cluster::locate_or_build(options.kraft_bin.as_deref(), &options.repo_root)?;
     std::fs::create_dir_all(&options.out)
         .with_context(|| format!("cannot create the results directory {}", options.out.display()))?;
-    let started_unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
+    let started_unix = procs::since_epoch().as_secs();
     let extra = extra_config(&options.limits);
     let mut cluster = KraftCluster::start_with(&bin, &options.data_root, &extra)?;
     println!(
@@ -198,19 +195,11 @@ pub async fn run(options: SoakOptions) -> Result<()> {
         extra_config: extra,
         kraft_bin: bin.display().to_string(),
     };
-    let report = match soak(&mut cluster, &options, machine, settings, started_unix).await {
-        Ok(report) => report,
-        Err(e) => {
-            eprintln!("\nkraft-bench soak: failed; what the running nodes say:");
-            eprintln!("{}", diagnose(&cluster).await);
-            eprintln!("(rerun with --keep-data to keep the data directories and server logs)");
-            return Err(e);
-        }
-    };
+    let outcome = soak(&mut cluster, &options, machine, settings, started_unix).await;
+    let report = or_diagnose("soak: failed", &cluster, outcome).await?;
     print_summary(&report);
     let json_path = options.out.join(format!("soak-{started_unix}.json"));
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    procs::write_json(&json_path, &report)?;
     println!("\nresults: {}", json_path.display());
     Ok(())
 }

@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -213,10 +213,7 @@ pub async fn run(options: StateOptions) -> Result<()> {
     let bin = kraft_cluster::locate_or_build(options.kraft_bin.as_deref(), &options.repo_root)?;
     std::fs::create_dir_all(&options.out)
         .with_context(|| format!("cannot create the results directory {}", options.out.display()))?;
-    let started_unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
+    let started_unix = procs::since_epoch().as_secs();
     let extra = extra_config(options.cleaner_interval_ms);
     let mut cluster = KraftCluster::start_with(&bin, &options.data_root, &extra)?;
     println!(
@@ -233,19 +230,11 @@ pub async fn run(options: StateOptions) -> Result<()> {
         extra_config: extra,
         kraft_bin: bin.display().to_string(),
     };
-    let report = match steps(&mut cluster, &options, machine, settings, started_unix).await {
-        Ok(report) => report,
-        Err(e) => {
-            eprintln!("\nkraft-bench state: a step failed; what the running nodes say:");
-            eprintln!("{}", diagnose(&cluster).await);
-            eprintln!("(rerun with --keep-data to keep the data directories and server logs)");
-            return Err(e);
-        }
-    };
+    let outcome = steps(&mut cluster, &options, machine, settings, started_unix).await;
+    let report = or_diagnose("state: a step failed", &cluster, outcome).await?;
     print_summary(&report);
     let json_path = options.out.join(format!("state-{started_unix}.json"));
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    procs::write_json(&json_path, &report)?;
     println!("\nresults: {}", json_path.display());
     Ok(())
 }
@@ -665,6 +654,17 @@ fn print_catch_up(c: &CatchUp) {
         c.snapshot_installs
     );
     print_samples(std::slice::from_ref(&c.sample));
+}
+
+/// `outcome`, and when it failed, what the running nodes say, on stderr
+/// (`what` names the command and where it failed).
+pub(crate) async fn or_diagnose<T>(what: &str, cluster: &KraftCluster, outcome: Result<T>) -> Result<T> {
+    if outcome.is_err() {
+        eprintln!("\nkraft-bench {what}; what the running nodes say:");
+        eprintln!("{}", diagnose(cluster).await);
+        eprintln!("(rerun with --keep-data to keep the data directories and server logs)");
+    }
+    outcome
 }
 
 /// For a failed step: every running node's raw `GET /v1/quorum` and the
