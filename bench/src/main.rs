@@ -29,6 +29,7 @@ mod soak;
 mod state;
 mod zookeeper;
 
+use std::future::Future;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -291,16 +292,22 @@ fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
         probe: secs(args.common.probe_secs, "probe-secs")?,
         client_threads: args.client_threads.max(1),
     };
+    let threads = options.client_threads;
+    until_interrupted(threads, harness::run(options))
+}
+
+/// Runs `benchmark` on a runtime of `threads` workers until it ends or
+/// Ctrl-C. The servers are started from this (main) thread inside
+/// block_on; see ProcessGuard::spawn. On Ctrl-C the benchmark future is
+/// dropped, and with it every cluster guard, which stops the servers.
+fn until_interrupted(threads: usize, benchmark: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(options.client_threads)
+        .worker_threads(threads)
         .enable_all()
         .build()?;
-    // The servers are started from this (main) thread inside block_on; see
-    // ProcessGuard::spawn. On Ctrl-C the benchmark future is dropped, and
-    // with it every cluster guard, which stops the servers.
     runtime.block_on(async {
         tokio::select! {
-            outcome = harness::run(options) => outcome,
+            outcome = benchmark => outcome,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("kraft-bench: interrupted; stopping the servers");
                 Err(anyhow::anyhow!("interrupted"))
@@ -331,22 +338,7 @@ fn state(args: StateArgs) -> anyhow::Result<()> {
         out: args.out,
         data_root: args.data_root,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    // As in `cluster`: the servers are started from this (main) thread
-    // inside block_on, and on Ctrl-C the future is dropped with the
-    // cluster's guard, which stops them.
-    runtime.block_on(async {
-        tokio::select! {
-            outcome = state::run(options) => outcome,
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("kraft-bench: interrupted; stopping the servers");
-                Err(anyhow::anyhow!("interrupted"))
-            }
-        }
-    })
+    until_interrupted(2, state::run(options))
 }
 
 fn soak(args: SoakArgs) -> anyhow::Result<()> {
@@ -376,22 +368,7 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
         out: args.out,
         data_root: args.data_root,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    // As in `state`: the servers are started from this (main) thread inside
-    // block_on, and on Ctrl-C the future is dropped with the cluster's
-    // guard, which stops them.
-    runtime.block_on(async {
-        tokio::select! {
-            outcome = soak::run(options) => outcome,
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("kraft-bench: interrupted; stopping the servers");
-                Err(anyhow::anyhow!("interrupted"))
-            }
-        }
-    })
+    until_interrupted(2, soak::run(options))
 }
 
 fn embedded(args: EmbeddedArgs) -> anyhow::Result<()> {
