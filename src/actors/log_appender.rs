@@ -525,6 +525,10 @@ struct ChunkServer {
     serving: Option<SnapshotReader>,
 }
 
+/// How long the [`ChunkServer`] keeps a snapshot open without a read. A
+/// transfer asks for its next chunk as soon as it wrote the last one.
+const CHUNK_READER_IDLE: Duration = Duration::from_secs(5);
+
 /// One chunk to read, for [`ChunkServer::spawn`]'s thread.
 struct ChunkRead {
     id: SnapshotId,
@@ -540,17 +544,23 @@ impl ChunkServer {
 
     /// Starts a thread serving chunks of the snapshots in `dir` until every
     /// sender is gone. Files are opened by id: one deleted since is
-    /// answered with an error, one open already is read to its end.
-    fn spawn(node_id: NodeId, dir: PathBuf) -> std::io::Result<Sender<ChunkRead>> {
+    /// answered with an error, one open already is read to its end. After
+    /// `idle` without a read the file is closed, so that one the cleaner
+    /// has deleted meanwhile frees its disk space.
+    fn spawn(node_id: NodeId, dir: PathBuf, idle: Duration) -> std::io::Result<Sender<ChunkRead>> {
         let (tx, rx) = crossbeam_channel::bounded::<ChunkRead>(MAX_QUEUED_COMMANDS);
         let mut server = ChunkServer::new(Some(dir));
         std::thread::Builder::new()
             .name(format!("kraft-chunks-{node_id}"))
-            .spawn(move || {
-                for read in rx {
-                    let chunk = server.read_chunk(read.id, read.position, read.max_bytes);
-                    // A closed receiver means the fetcher's answer was dropped.
-                    let _ = read.reply.send(chunk);
+            .spawn(move || loop {
+                match rx.recv_timeout(idle) {
+                    Ok(read) => {
+                        let chunk = server.read_chunk(read.id, read.position, read.max_bytes);
+                        // A closed receiver means the fetcher's answer was dropped.
+                        let _ = read.reply.send(chunk);
+                    }
+                    Err(RecvTimeoutError::Timeout) => server.serving = None,
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             })?;
         Ok(tx)
@@ -659,7 +669,7 @@ impl LogAppender {
         let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_COMMANDS);
         let counters = Arc::new(StorageCounters::default());
         let chunks = match &snapshot_dir {
-            Some(dir) => Some(ChunkServer::spawn(node_id, dir.clone())?),
+            Some(dir) => Some(ChunkServer::spawn(node_id, dir.clone(), CHUNK_READER_IDLE)?),
             None => None,
         };
         let mut worker = StorageThread::new(store, snapshot_dir, events, counters.clone());
@@ -1612,6 +1622,47 @@ mod tests {
         ));
         block_on(appender.shutdown().unwrap()).unwrap();
         thread.join().unwrap();
+    }
+
+    /// The chunk thread closes its file once idle: one the cleaner deleted
+    /// meanwhile frees its disk space (Linux: `/proc/self/fd`).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_idle_chunk_server_closes_the_snapshot_it_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = SnapshotId {
+            end_offset: 2,
+            epoch: 1,
+        };
+        let mut writer = SnapshotWriter::create(dir.path(), id, 0).unwrap();
+        writer.append_batch(&batch(0, 1, 2)).unwrap();
+        writer.freeze().unwrap();
+        let path = snapshot::path_of(dir.path(), id);
+        // An open file's link; a deleted one's reads "<path> (deleted)".
+        let held_open = || {
+            std::fs::read_dir("/proc/self/fd").unwrap().any(|fd| {
+                std::fs::read_link(fd.unwrap().path())
+                    .is_ok_and(|target| target.to_string_lossy().starts_with(&*path.to_string_lossy()))
+            })
+        };
+        let chunks = ChunkServer::spawn(1, dir.path().into(), Duration::from_secs(2)).unwrap();
+        let (reply, answer) = oneshot::channel();
+        chunks
+            .send(ChunkRead {
+                id,
+                position: 0,
+                max_bytes: 1 << 20,
+                reply,
+            })
+            .unwrap();
+        assert!(block_on(answer).unwrap().is_ok());
+        assert!(held_open(), "served, so open (for the idle time)");
+        snapshot::delete(dir.path(), id).unwrap();
+        let deadline = Instant::now() + LIVENESS_WAIT;
+        while held_open() {
+            assert!(Instant::now() < deadline, "the deleted snapshot is still open");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     #[test]

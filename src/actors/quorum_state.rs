@@ -375,12 +375,7 @@ impl QuorumState {
                 }
                 Action::AppendBatch(batch) => {
                     self.metrics.append_records_total += batch.record_count as u64;
-                    // Several records are data (an idle leader's NoOp and a
-                    // LeaderChange come alone); one is decoded to tell.
-                    let data = batch.record_count > 1
-                        || batch
-                            .records()
-                            .map_or(true, |r| r.iter().any(|r| matches!(r, Record::Data(_))));
+                    let data = batch.holds_data();
                     self.snapshots
                         .on_appended(batch.size_bytes(), batch.next_offset(), data);
                     self.mutations_sent += 1;

@@ -103,6 +103,15 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Whether the batch holds a data record, told without decoding it: a
+    /// batch of several records does (an idle leader's NoOp and a
+    /// LeaderChange are appended alone), one record is told by its variant
+    /// index, the four bytes after the list's length (fixint, big-endian).
+    pub fn holds_data(&self) -> bool {
+        const DATA_VARIANT: [u8; 4] = [0, 0, 0, 0];
+        self.record_count > 1 || self.payload.get(8..12) == Some(&DATA_VARIANT[..])
+    }
+
     /// Encodes `records` (at least one) into a batch.
     pub fn new(base_offset: Offset, epoch: Epoch, records: &[Record]) -> Batch {
         assert!(!records.is_empty(), "a batch holds at least one record");
@@ -246,6 +255,25 @@ mod tests {
         }
         assert_eq!(Batch::peek_offsets(&[0; 15]), None);
         assert_eq!(Batch::size_bytes_of_encoding(27), None);
+    }
+
+    #[test]
+    fn holds_data_tells_data_batches_from_lone_control_records_and_noops() {
+        let leader_change = Record::LeaderChange {
+            leader_id: 1,
+            voters: vec![1, 2, 3],
+            granting_voters: vec![1, 2],
+        };
+        let cases = [
+            (vec![Record::Data(b"x".to_vec())], true),
+            (vec![Record::Data(Vec::new())], true),
+            (vec![Record::NoOp], false),
+            (vec![leader_change], false),
+            (vec![Record::NoOp, Record::Data(b"x".to_vec())], true),
+        ];
+        for (records, data) in cases {
+            assert_eq!(Batch::new(0, 1, &records).holds_data(), data, "{records:?}");
+        }
     }
 
     #[test]

@@ -2410,3 +2410,43 @@ fn a_snapshot_of_a_later_epoch_than_the_leaders_is_refused() {
         "the leader's own snapshot is fetched"
     );
 }
+
+/// Nor is one ending below the follower's high watermark: installing it
+/// would drop committed records from the log.
+#[test]
+fn a_snapshot_ending_below_the_high_watermark_is_refused() {
+    let election = ElectionState {
+        epoch: 5,
+        voted_for: None,
+        leader_id: Some(2),
+    };
+    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
+    let fetch_answer = |id: Option<SnapshotId>| {
+        RaftResponse::Fetch(FetchResponse {
+            error: ErrorCode::None,
+            epoch: 5,
+            leader_id: Some(2),
+            high_watermark: 10,
+            log_start_offset: 0,
+            diverging_epoch: None,
+            snapshot_id: id,
+            batches: Vec::new(),
+        })
+    };
+    let (to, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
+    node.handle_response(1, to, corr, fetch_answer(None));
+    assert_eq!(node.high_watermark(), 10);
+    node.tick(2);
+    let (to, corr, _) = sent(&node.take_actions()).pop().expect("the next fetch");
+    let below = SnapshotId {
+        end_offset: 5,
+        epoch: 1,
+    };
+    node.handle_response(3, to, corr, fetch_answer(Some(below)));
+    node.tick(3 + 1000);
+    let next = sent(&node.take_actions());
+    assert!(
+        !next.is_empty() && next.iter().all(|(_, _, r)| matches!(r, RaftRequest::Fetch(_))),
+        "{next:?}"
+    );
+}
