@@ -27,10 +27,10 @@
 //! holds every record below its end with its offset; the snapshot files
 //! (KIP-630: writing, installing one fetched from the leader) are handled
 //! here too, in order with the log's writes. Chunks of a snapshot served to
-//! fetchers are read on a thread of their own ([`ChunkServer`]): a snapshot
-//! file never changes once written, and opening one validates all of it
-//! (~150 ms for 107 MiB), which must not hold up the log's appends and
-//! flushes.
+//! fetchers, and reads below the log start, are read on a thread of their
+//! own ([`ChunkServer`]): a snapshot file never changes once written, and
+//! opening one validates all of it (~150 ms for 107 MiB), which must not
+//! hold up the log's appends and flushes.
 //!
 //! [`LogAppender::spawn_task`] runs the same loop on a task of the current
 //! runtime instead of a thread, for stores that never block: the
@@ -256,14 +256,6 @@ struct SnapshotFiles {
     installing: Option<SnapshotInstaller>,
     /// The newest snapshot: it holds every record below the log start.
     latest: Option<SnapshotId>,
-    /// The newest snapshot opened (validated once) for reads below the log
-    /// start, with where the last of those stopped: the cursor and the base
-    /// offset of the batch there (a read from there on resumes, any other
-    /// seeks with the reader's index; neither scans the file again).
-    below: Option<(SnapshotReader, BatchCursor, Offset)>,
-    /// Snapshot files opened (each open validates the whole file) to read
-    /// below the log start.
-    validations: u64,
 }
 
 impl SnapshotFiles {
@@ -273,8 +265,6 @@ impl SnapshotFiles {
             dir,
             installing: None,
             latest: None,
-            below: None,
-            validations: 0,
         }
     }
 
@@ -353,45 +343,6 @@ impl SnapshotFiles {
 
     fn use_latest(&mut self, id: SnapshotId) {
         self.latest = Some(id);
-        self.below = None;
-    }
-
-    /// Batches holding `[from, until)` from the newest snapshot (every
-    /// record below the log start is in it, with its offset).
-    ///
-    /// The snapshot is opened, and so validated, once: the file never
-    /// changes. A read starts where the previous one stopped when that is
-    /// at or below `from` (a listener reading on), else at the reader's
-    /// seek sample below `from` (another reader, or one going back), so it
-    /// costs the distance it reads, not a pass over the whole file.
-    fn read_below(&mut self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>, String> {
-        let open = matches!(&self.below, Some((r, _, _)) if Some(r.id()) == self.latest);
-        if !open {
-            self.validations += 1;
-            let dir = self.dir()?;
-            let reader = match self.latest {
-                Some(id) => SnapshotReader::open(&snapshot::path_of(dir, id)).map_err(|e| e.to_string())?,
-                None => match snapshot::newest_valid(dir).map_err(|e| e.to_string())? {
-                    Some((reader, _)) => reader,
-                    None => return Err("no snapshot holds the records below the log start".to_string()),
-                },
-            };
-            let cursor = reader.batches().cursor();
-            self.latest = Some(reader.id());
-            self.below = Some((reader, cursor, 0));
-        }
-        let (reader, cursor, base) = self.below.as_mut().expect("set above");
-        let (sampled, sampled_base) = reader.seek(from);
-        if *base > from || sampled.position() > cursor.position() {
-            (*cursor, *base) = (sampled, sampled_base);
-        }
-        let read = read_batches(reader, cursor, base, from, until, max_bytes);
-        if read.is_err() {
-            // The file changed after it was validated: validate it again
-            // next time rather than trust anything read from it.
-            self.below = None;
-        }
-        read
     }
 }
 
@@ -516,30 +467,56 @@ const TRIM_EVERY_BYTES: u64 = 32 << 20;
 /// when trimming every 8 MiB, its snapshots no slower (392-454 ms).
 const SNAPSHOT_TRIM_EVERY_BYTES: u64 = 8 << 20;
 
-/// Reads chunks of local snapshot files for FetchSnapshot answers. Runs on
-/// a thread of its own beside the storage thread ([`ChunkServer::spawn`]),
-/// or inside it for a store run on a task.
+/// Reads local snapshot files: chunks for FetchSnapshot answers, and
+/// batches below the log start. Runs on a thread of its own beside the
+/// storage thread ([`ChunkServer::spawn`]), or inside it for a store run
+/// on a task.
 struct ChunkServer {
     dir: Option<PathBuf>,
     /// The snapshot being served, opened (and so validated, all of it) once.
     serving: Option<SnapshotReader>,
+    /// The newest snapshot opened (validated once) for reads below the log
+    /// start, with where the last of those stopped: the cursor and the base
+    /// offset of the batch there (a read from there on resumes, any other
+    /// seeks with the reader's index; neither scans the file again).
+    below: Option<(SnapshotReader, BatchCursor, Offset)>,
+    /// Snapshot files opened (each open validates the whole file) to read
+    /// below the log start.
+    validations: u64,
 }
 
 /// How long the [`ChunkServer`] keeps a snapshot open without a read. A
 /// transfer asks for its next chunk as soon as it wrote the last one.
 const CHUNK_READER_IDLE: Duration = Duration::from_secs(5);
 
-/// One chunk to read, for [`ChunkServer::spawn`]'s thread.
-struct ChunkRead {
-    id: SnapshotId,
-    position: u64,
-    max_bytes: usize,
-    reply: oneshot::Sender<Result<SnapshotChunk, String>>,
+/// A read for [`ChunkServer::spawn`]'s thread.
+enum ChunkRead {
+    /// A chunk of snapshot `id` for a FetchSnapshot answer.
+    Chunk {
+        id: SnapshotId,
+        position: u64,
+        max_bytes: usize,
+        reply: oneshot::Sender<Result<SnapshotChunk, String>>,
+    },
+    /// Batches below the log start, from the newest snapshot `latest`
+    /// (None: the newest valid one in the directory).
+    Below {
+        latest: Option<SnapshotId>,
+        from: Offset,
+        until: Offset,
+        max_bytes: usize,
+        reply: oneshot::Sender<ReadResult>,
+    },
 }
 
 impl ChunkServer {
     fn new(dir: Option<PathBuf>) -> ChunkServer {
-        ChunkServer { dir, serving: None }
+        ChunkServer {
+            dir,
+            serving: None,
+            below: None,
+            validations: 0,
+        }
     }
 
     /// Starts a thread serving chunks of the snapshots in `dir` until every
@@ -553,13 +530,37 @@ impl ChunkServer {
         std::thread::Builder::new()
             .name(format!("kraft-chunks-{node_id}"))
             .spawn(move || loop {
+                // A closed receiver means the reader went away.
                 match rx.recv_timeout(idle) {
-                    Ok(read) => {
-                        let chunk = server.read_chunk(read.id, read.position, read.max_bytes);
-                        // A closed receiver means the fetcher's answer was dropped.
-                        let _ = read.reply.send(chunk);
+                    Ok(ChunkRead::Chunk {
+                        id,
+                        position,
+                        max_bytes,
+                        reply,
+                    }) => {
+                        let _ = reply.send(server.read_chunk(id, position, max_bytes));
                     }
-                    Err(RecvTimeoutError::Timeout) => server.serving = None,
+                    Ok(ChunkRead::Below {
+                        latest,
+                        from,
+                        until,
+                        max_bytes,
+                        reply,
+                    }) => {
+                        let read = server.read_below(latest, from, until, max_bytes);
+                        if let Err(e) = &read {
+                            warn!("read of [{from}, {until}) from the snapshot failed: {e}");
+                        }
+                        let _ = reply.send(read);
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        let served = server.serving.take().is_some() | server.below.take().is_some();
+                        if served {
+                            // What it read was freed on other threads, into
+                            // this thread's arena, which would keep it.
+                            storage::return_free_memory();
+                        }
+                    }
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
             })?;
@@ -582,6 +583,54 @@ impl ChunkServer {
             size: reader.size_bytes(),
             bytes,
         })
+    }
+
+    /// Batches holding `[from, until)` from the newest snapshot (every
+    /// record below the log start is in it, with its offset).
+    ///
+    /// The snapshot is opened, and so validated, once: the file never
+    /// changes. A read starts where the previous one stopped when that is
+    /// at or below `from` (a listener reading on), else at the reader's
+    /// seek sample below `from` (another reader, or one going back), so it
+    /// costs the distance it reads, not a pass over the whole file.
+    fn read_below(
+        &mut self,
+        latest: Option<SnapshotId>,
+        from: Offset,
+        until: Offset,
+        max_bytes: usize,
+    ) -> Result<Vec<Batch>, String> {
+        // Without a newest snapshot named, the one found last time serves.
+        let latest = latest.or(self.below.as_ref().map(|(r, _, _)| r.id()));
+        let open = matches!(&self.below, Some((r, _, _)) if Some(r.id()) == latest);
+        if !open {
+            self.validations += 1;
+            let dir = self
+                .dir
+                .as_ref()
+                .ok_or_else(|| "this node keeps no snapshot files".to_string())?;
+            let reader = match latest {
+                Some(id) => SnapshotReader::open(&snapshot::path_of(dir, id)).map_err(|e| e.to_string())?,
+                None => match snapshot::newest_valid(dir).map_err(|e| e.to_string())? {
+                    Some((reader, _)) => reader,
+                    None => return Err("no snapshot holds the records below the log start".to_string()),
+                },
+            };
+            let cursor = reader.batches().cursor();
+            self.below = Some((reader, cursor, 0));
+        }
+        let (reader, cursor, base) = self.below.as_mut().expect("set above");
+        let (sampled, sampled_base) = reader.seek(from);
+        if *base > from || sampled.position() > cursor.position() {
+            (*cursor, *base) = (sampled, sampled_base);
+        }
+        let read = read_batches(reader, cursor, base, from, until, max_bytes);
+        if read.is_err() {
+            // The file changed after it was validated: validate it again
+            // next time rather than trust anything read from it.
+            self.below = None;
+        }
+        read
     }
 }
 
@@ -674,6 +723,7 @@ impl LogAppender {
         };
         let mut worker = StorageThread::new(store, snapshot_dir, events, counters.clone());
         worker.name = format!("kraft-snapshot-{node_id}");
+        worker.chunks = chunks.clone();
         let thread = std::thread::Builder::new()
             .name(format!("kraft-storage-{node_id}"))
             .spawn(move || worker.run(rx))?;
@@ -843,7 +893,7 @@ impl LogAppender {
         let (reply, rx) = oneshot::channel();
         match &self.chunks {
             Some(chunks) => chunks
-                .try_send(ChunkRead {
+                .try_send(ChunkRead::Chunk {
                     id,
                     position,
                     max_bytes,
@@ -946,6 +996,9 @@ struct StorageThread {
     /// Appends and truncates applied so far (see [`StorageEvent::Flushed`]).
     mutations: u64,
     counters: Arc<StorageCounters>,
+    /// The [`ChunkServer`] thread that answers reads below the log start,
+    /// when there is one.
+    chunks: Option<Sender<ChunkRead>>,
 }
 
 /// What one group asked for besides its writes and reads.
@@ -978,6 +1031,7 @@ impl StorageThread {
             events,
             mutations: 0,
             counters,
+            chunks: None,
         }
     }
 
@@ -1074,7 +1128,31 @@ impl StorageThread {
                     // node.
                     let start = self.store.start_offset();
                     let read = if from < start {
-                        self.snapshots.read_below(from, until.min(start), max_bytes)
+                        let latest = self.snapshots.latest;
+                        let until = until.min(start);
+                        match &self.chunks {
+                            // The snapshot never changes: read it beside
+                            // this thread, which it would hold up for the
+                            // validation of a whole file at first.
+                            Some(chunks) => {
+                                let below = ChunkRead::Below {
+                                    latest,
+                                    from,
+                                    until,
+                                    max_bytes,
+                                    reply,
+                                };
+                                if let Err(e) = chunks.try_send(below) {
+                                    let reply = match e.into_inner() {
+                                        ChunkRead::Below { reply, .. } => reply,
+                                        ChunkRead::Chunk { .. } => unreachable!("sent a Below"),
+                                    };
+                                    let _ = reply.send(Err("the snapshot reader is overloaded or stopped".to_string()));
+                                }
+                                continue;
+                            }
+                            None => self.snapshots.chunks.read_below(latest, from, until, max_bytes),
+                        }
                     } else {
                         self.store.read(from, until, max_bytes).map_err(|e| e.to_string())
                     };
@@ -1648,7 +1726,7 @@ mod tests {
         let chunks = ChunkServer::spawn(1, dir.path().into(), Duration::from_secs(2)).unwrap();
         let (reply, answer) = oneshot::channel();
         chunks
-            .send(ChunkRead {
+            .send(ChunkRead::Chunk {
                 id,
                 position: 0,
                 max_bytes: 1 << 20,
@@ -1663,6 +1741,43 @@ mod tests {
             assert!(Instant::now() < deadline, "the deleted snapshot is still open");
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Reads below the log start come from the newest snapshot, read beside
+    /// the storage thread: one that takes long (the first opens and
+    /// validates the whole file) does not hold up the log's writes and
+    /// flushes. Here the "snapshot" is a FIFO, whose open waits for a writer.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_read_below_the_log_start_does_not_hold_up_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = SnapshotId {
+            end_offset: 4,
+            epoch: 1,
+        };
+        let path = snapshot::path_of(dir.path(), id);
+        let made = std::process::Command::new("mkfifo").arg(&path).status().unwrap();
+        assert!(made.success());
+        // The log starts at the snapshot's end.
+        let (mut store, _) = store();
+        store.inner.reset(4, 1).unwrap();
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.path().into()), events).unwrap();
+        let below = appender.read(0, 4, 1 << 20).unwrap();
+        appender.append(batch(4, 1, 1)).unwrap();
+        appender.flush().unwrap();
+        assert!(
+            matches!(
+                next_event(&mut events_rx),
+                Some(StorageEvent::Flushed { durable_end: 5, .. })
+            ),
+            "the flush waited for the read below the log start"
+        );
+        // A writer lets the open go on; the empty "snapshot" is refused.
+        drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
+        assert!(block_on(below).unwrap().is_err());
+        block_on(appender.shutdown().unwrap()).unwrap();
+        thread.join().unwrap();
     }
 
     #[test]
@@ -1923,8 +2038,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let end = 6_000;
         let id = snapshot_of(dir.path(), end);
-        let mut files = SnapshotFiles::new(Some(dir.path().to_path_buf()));
-        files.use_latest(id);
+        let mut files = ChunkServer::new(Some(dir.path().to_path_buf()));
         // Two listeners from offset 0, the second one starting later, take
         // turns reading pages of about 4 KiB: each read goes back to where
         // the other one stopped.
@@ -1935,7 +2049,7 @@ mod tests {
                 if *cursor >= end || (i == 1 && reads < 10) {
                     continue;
                 }
-                let batches = files.read_below(*cursor, end, 4096).unwrap();
+                let batches = files.read_below(Some(id), *cursor, end, 4096).unwrap();
                 *cursor = check_read(&batches, *cursor);
                 reads += 1;
             }
@@ -1943,7 +2057,7 @@ mod tests {
         assert!(reads > 200, "{reads} reads");
         // And reads anywhere, backwards too, including inside a batch.
         for from in [5_999, 1, 3_001, 0, 4_096, 2_047, 5_000, 17] {
-            let batches = files.read_below(from, end, 1).unwrap();
+            let batches = files.read_below(Some(id), from, end, 1).unwrap();
             check_read(&batches, from);
         }
         assert_eq!(files.validations, 1, "the snapshot is validated once, not per read");
