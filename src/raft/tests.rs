@@ -2070,17 +2070,26 @@ fn a_failed_install_fetches_the_snapshot_again() {
 
 /// The Fetch answer of a leader whose log starts at its snapshot 200@4.
 fn snapshot_needed() -> RaftResponse {
+    leader_2_answer(
+        300,
+        200,
+        Some(SnapshotId {
+            end_offset: 200,
+            epoch: 4,
+        }),
+    )
+}
+
+/// A batchless Fetch answer of leader 2 in epoch 5.
+fn leader_2_answer(high_watermark: Offset, log_start_offset: Offset, snapshot_id: Option<SnapshotId>) -> RaftResponse {
     RaftResponse::Fetch(FetchResponse {
         error: ErrorCode::None,
         epoch: 5,
         leader_id: Some(2),
-        high_watermark: 300,
-        log_start_offset: 200,
+        high_watermark,
+        log_start_offset,
         diverging_epoch: None,
-        snapshot_id: Some(SnapshotId {
-            end_offset: 200,
-            epoch: 4,
-        }),
+        snapshot_id,
         batches: Vec::new(),
     })
 }
@@ -2351,29 +2360,12 @@ fn a_snapshot_of_a_later_epoch_than_the_leaders_is_refused() {
         leader_id: Some(2),
     };
     let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
-    let answer = |node: &mut RaftNode, id: SnapshotId, hw: Offset| {
-        let (to, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
-        node.handle_response(
-            1,
-            to,
-            corr,
-            RaftResponse::Fetch(FetchResponse {
-                error: ErrorCode::None,
-                epoch: 5,
-                leader_id: Some(2),
-                high_watermark: hw,
-                log_start_offset: 200,
-                diverging_epoch: None,
-                snapshot_id: Some(id),
-                batches: Vec::new(),
-            }),
-        );
-    };
     let later = SnapshotId {
         end_offset: 200,
         epoch: 50,
     };
-    answer(&mut node, later, 300);
+    let (to, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
+    node.handle_response(1, to, corr, leader_2_answer(300, 200, Some(later)));
     // Refused: the next request is a Fetch again (after the backoff), never
     // a FetchSnapshot.
     node.tick(1 + 1000);
@@ -2387,21 +2379,7 @@ fn a_snapshot_of_a_later_epoch_than_the_leaders_is_refused() {
         end_offset: 200,
         epoch: 5,
     };
-    node.handle_response(
-        2,
-        next[0].0,
-        next[0].1,
-        RaftResponse::Fetch(FetchResponse {
-            error: ErrorCode::None,
-            epoch: 5,
-            leader_id: Some(2),
-            high_watermark: 300,
-            log_start_offset: 200,
-            diverging_epoch: None,
-            snapshot_id: Some(ours),
-            batches: Vec::new(),
-        }),
-    );
+    node.handle_response(2, next[0].0, next[0].1, leader_2_answer(300, 200, Some(ours)));
     node.tick(3);
     assert!(
         sent(&node.take_actions())
@@ -2421,20 +2399,8 @@ fn a_snapshot_ending_below_the_high_watermark_is_refused() {
         leader_id: Some(2),
     };
     let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
-    let fetch_answer = |id: Option<SnapshotId>| {
-        RaftResponse::Fetch(FetchResponse {
-            error: ErrorCode::None,
-            epoch: 5,
-            leader_id: Some(2),
-            high_watermark: 10,
-            log_start_offset: 0,
-            diverging_epoch: None,
-            snapshot_id: id,
-            batches: Vec::new(),
-        })
-    };
     let (to, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
-    node.handle_response(1, to, corr, fetch_answer(None));
+    node.handle_response(1, to, corr, leader_2_answer(10, 0, None));
     assert_eq!(node.high_watermark(), 10);
     node.tick(2);
     let (to, corr, _) = sent(&node.take_actions()).pop().expect("the next fetch");
@@ -2442,7 +2408,7 @@ fn a_snapshot_ending_below_the_high_watermark_is_refused() {
         end_offset: 5,
         epoch: 1,
     };
-    node.handle_response(3, to, corr, fetch_answer(Some(below)));
+    node.handle_response(3, to, corr, leader_2_answer(10, 0, Some(below)));
     node.tick(3 + 1000);
     let next = sent(&node.take_actions());
     assert!(
