@@ -112,8 +112,10 @@ struct ClusterArgs {
     client_threads: usize,
 }
 
+/// Where `state` and `soak` keep their cluster and results, and which
+/// kraft they run.
 #[derive(Args)]
-struct StateArgs {
+struct ProcessClusterArgs {
     /// Where the cluster's data directories go; a fresh temp directory is made inside.
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     data_root: PathBuf,
@@ -126,6 +128,12 @@ struct StateArgs {
     /// A kraft release binary; by default `cargo build --release --locked --bin kraft` runs in the repository.
     #[arg(long)]
     kraft_bin: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct StateArgs {
+    #[command(flatten)]
+    cluster: ProcessClusterArgs,
     /// Records loaded into the log before anything is measured.
     #[arg(long, default_value_t = 1_000_000)]
     records: u64,
@@ -151,18 +159,8 @@ struct StateArgs {
 
 #[derive(Args)]
 struct SoakArgs {
-    /// Where the cluster's data directories go; a fresh temp directory is made inside.
-    #[arg(long, default_value_os_t = std::env::temp_dir())]
-    data_root: PathBuf,
-    /// Results directory (JSON).
-    #[arg(long, default_value_os_t = default_out())]
-    out: PathBuf,
-    /// Leave the data directories and server logs in place (their path is printed).
-    #[arg(long)]
-    keep_data: bool,
-    /// A kraft release binary; by default `cargo build --release --locked --bin kraft` runs in the repository.
-    #[arg(long)]
-    kraft_bin: Option<PathBuf>,
+    #[command(flatten)]
+    cluster: ProcessClusterArgs,
     /// Minutes of load.
     #[arg(long, default_value_t = 15.0)]
     minutes: f64,
@@ -250,8 +248,8 @@ fn main() -> ExitCode {
     let keep_data = match &cli.command {
         Command::Cluster(args) => args.common.keep_data,
         Command::Embedded(args) => args.common.keep_data,
-        Command::State(args) => args.keep_data,
-        Command::Soak(args) => args.keep_data,
+        Command::State(args) => args.cluster.keep_data,
+        Command::Soak(args) => args.cluster.keep_data,
         Command::Limits(args) => args.keep_data,
         Command::Plot { .. } => false,
     };
@@ -333,10 +331,10 @@ fn state(args: StateArgs) -> anyhow::Result<()> {
         log_join: !args.no_log_join,
         cleaner_interval_ms: args.cleaner_interval_ms,
         wait: secs(args.wait_secs, "wait-secs")?,
-        kraft_bin: args.kraft_bin,
+        kraft_bin: args.cluster.kraft_bin,
         repo_root: repo_root(),
-        out: args.out,
-        data_root: args.data_root,
+        out: args.cluster.out,
+        data_root: args.cluster.data_root,
     };
     until_interrupted(2, state::run(options))
 }
@@ -363,10 +361,10 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
             cleaner_interval_ms: args.cleaner_interval_ms,
         },
         min_free_bytes: (args.min_free_gib * (1u64 << 30) as f64) as u64,
-        kraft_bin: args.kraft_bin,
+        kraft_bin: args.cluster.kraft_bin,
         repo_root: repo_root(),
-        out: args.out,
-        data_root: args.data_root,
+        out: args.cluster.out,
+        data_root: args.cluster.data_root,
     };
     until_interrupted(2, soak::run(options))
 }
