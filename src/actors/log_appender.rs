@@ -249,8 +249,8 @@ pub struct SnapshotChunk {
 /// thread so that their writes are ordered with the log's.
 struct SnapshotFiles {
     dir: Option<PathBuf>,
-    /// Chunks for fetchers, when no [`ChunkServer`] thread serves them (a
-    /// store run on a task).
+    /// Snapshot chunks for fetchers and reads below the log start, when no
+    /// [`ChunkServer`] thread serves them (a store run on a task).
     chunks: ChunkServer,
     /// The snapshot being received from the leader.
     installing: Option<SnapshotInstaller>,
@@ -519,7 +519,7 @@ impl ChunkServer {
         }
     }
 
-    /// Starts a thread serving chunks of the snapshots in `dir` until every
+    /// Starts a thread serving reads of the snapshots in `dir` until every
     /// sender is gone. Files are opened by id: one deleted since is
     /// answered with an error, one open already is read to its end. After
     /// `idle` without a read the file is closed, so that one the cleaner
