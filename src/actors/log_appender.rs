@@ -509,6 +509,21 @@ enum ChunkRead {
     },
 }
 
+impl ChunkRead {
+    /// Answers the read with an error instead of serving it.
+    fn refuse(self, why: &str) {
+        // A closed receiver means the reader went away.
+        match self {
+            ChunkRead::Chunk { reply, .. } => {
+                let _ = reply.send(Err(why.to_string()));
+            }
+            ChunkRead::Below { reply, .. } => {
+                let _ = reply.send(Err(why.to_string()));
+            }
+        }
+    }
+}
+
 impl ChunkServer {
     fn new(dir: Option<PathBuf>) -> ChunkServer {
         ChunkServer {
@@ -1143,11 +1158,7 @@ impl StorageThread {
                                     reply,
                                 };
                                 if let Err(e) = chunks.try_send(below) {
-                                    let reply = match e.into_inner() {
-                                        ChunkRead::Below { reply, .. } => reply,
-                                        ChunkRead::Chunk { .. } => unreachable!("sent a Below"),
-                                    };
-                                    let _ = reply.send(Err("the snapshot reader is overloaded or stopped".to_string()));
+                                    e.into_inner().refuse("the snapshot reader is overloaded or stopped");
                                 }
                                 continue;
                             }
