@@ -68,6 +68,13 @@ const HW_HINT_INTERVAL_MS: u64 = 1_000;
 const MAX_UNFLUSHED_BYTES: usize = 64 * 1024 * 1024;
 /// Longest queue of client log reads on the storage thread.
 const MAX_CLIENT_READS: usize = 32;
+/// Most reads for Fetch and FetchSnapshot answers queued at once (on the
+/// storage thread or the snapshot reader); past it a fetch is answered
+/// with KAFKA_STORAGE_ERROR, which the fetcher retries after its backoff.
+/// Every follower and observer has one fetch in flight; peers can send far
+/// more (256 per connection), and they must never fill the bounded queue
+/// the log's own writes need (a write it refuses stops the node).
+const MAX_FETCH_READS: usize = 1024;
 /// Longest a graceful shutdown waits for its EndQuorumEpoch sends.
 pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
 /// Most bytes one `read_committed` call reads.
@@ -250,6 +257,9 @@ pub struct QuorumState {
     /// Client reads (`GET /v1/log`) queued on the storage thread. Bounded,
     /// so clients can never fill the queue the log's own writes need.
     client_reads: usize,
+    /// Reads for fetch answers queued and not yet answered (at most
+    /// [`MAX_FETCH_READS`]); shared with the tasks that complete them.
+    fetch_reads: Arc<AtomicUsize>,
     /// The high watermark of the last *executed* HighWatermark action: the
     /// appends it covers were queued to storage before it.
     executed_high_watermark: Offset,
@@ -295,6 +305,7 @@ impl QuorumState {
             timer: None,
             deferred: VecDeque::new(),
             client_reads: 0,
+            fetch_reads: Arc::new(AtomicUsize::new(0)),
             executed_high_watermark: log_start,
             last_hint: log_start,
             last_hint_ms: 0,
@@ -434,7 +445,7 @@ impl QuorumState {
                 },
                 Action::RespondFetch {
                     request_id,
-                    response,
+                    mut response,
                     read,
                     ..
                 } => {
@@ -452,6 +463,15 @@ impl QuorumState {
                         let _ = reply.send(RaftResponse::Fetch(complete_fetch(response, Ok(batches))));
                         continue;
                     }
+                    if self.fetch_reads.load(Ordering::Relaxed) >= MAX_FETCH_READS {
+                        debug!(
+                            request_id,
+                            "{MAX_FETCH_READS} fetch reads are queued; answering a storage error"
+                        );
+                        response.error = ErrorCode::KafkaStorageError;
+                        let _ = reply.send(RaftResponse::Fetch(response));
+                        continue;
+                    }
                     // The read is queued behind every append sent so far and
                     // answered without waiting for a flush (the leader may
                     // ship records before its own fsync; it counts itself
@@ -461,10 +481,13 @@ impl QuorumState {
                         Err(e) => return self.fatal(ctx, format!("cannot queue a fetch read: {e}")),
                     };
                     let fetched = self.metrics.fetch_records_total.clone();
+                    let queued = FetchRead::start(&self.fetch_reads);
                     actix::spawn(async move {
                         // A dropped reply means the storage thread failed; it
                         // reported that itself and the node is stopping.
-                        if let Ok(read) = batches.await {
+                        let read = batches.await;
+                        drop(queued);
+                        if let Ok(read) = read {
                             let response = complete_fetch(response, read);
                             let records: u64 = response.batches.iter().map(|b| b.record_count as u64).sum();
                             fetched.fetch_add(records, Ordering::Relaxed);
@@ -481,6 +504,15 @@ impl QuorumState {
                     let Some(reply) = self.inbound.remove(&request_id) else {
                         continue;
                     };
+                    if self.fetch_reads.load(Ordering::Relaxed) >= MAX_FETCH_READS {
+                        debug!(
+                            request_id,
+                            "{MAX_FETCH_READS} fetch reads are queued; answering a storage error"
+                        );
+                        response.error = ErrorCode::KafkaStorageError;
+                        let _ = reply.send(RaftResponse::FetchSnapshot(response));
+                        continue;
+                    }
                     let chunk = self
                         .appender
                         .read_snapshot_chunk(response.snapshot_id, response.position, max_bytes);
@@ -488,8 +520,11 @@ impl QuorumState {
                         Ok(chunk) => chunk,
                         Err(e) => return self.fatal(ctx, format!("cannot queue a snapshot read: {e}")),
                     };
+                    let queued = FetchRead::start(&self.fetch_reads);
                     actix::spawn(async move {
-                        match chunk.await {
+                        let chunk = chunk.await;
+                        drop(queued);
+                        match chunk {
                             Ok(Ok(chunk)) => {
                                 response.size = chunk.size;
                                 response.bytes = chunk.bytes;
@@ -1317,6 +1352,23 @@ impl Handler<ReadCommitted> for QuorumState {
                 records,
             })
         })
+    }
+}
+
+/// One queued fetch read, counted in `QuorumState::fetch_reads` until it
+/// is dropped (its answer came, or the storage side went away).
+struct FetchRead(Arc<AtomicUsize>);
+
+impl FetchRead {
+    fn start(fetch_reads: &Arc<AtomicUsize>) -> FetchRead {
+        fetch_reads.fetch_add(1, Ordering::Relaxed);
+        FetchRead(fetch_reads.clone())
+    }
+}
+
+impl Drop for FetchRead {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
