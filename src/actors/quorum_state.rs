@@ -799,19 +799,20 @@ impl QuorumState {
     }
 
     /// Refuses new appends while shutting down or when too many wait;
-    /// `accepting` bytes were already accepted in the same message and are
-    /// not yet counted as unflushed.
-    fn check_can_append(&self, accepting: usize) -> Result<(), AppendError> {
+    /// `accepting_bytes` in `accepting` appends were already accepted in the
+    /// same message and are not yet counted as unflushed nor as awaiting
+    /// commit (they are registered after all of them are proposed).
+    fn check_can_append(&self, accepting_bytes: usize, accepting: usize) -> Result<(), AppendError> {
         if self.shutting_down.is_some() || self.is_stopping() {
             return Err(AppendError::Unavailable("the node is shutting down".into()));
         }
-        let waiting = self.unflushed_bytes + accepting;
+        let waiting = self.unflushed_bytes + accepting_bytes;
         if waiting >= MAX_UNFLUSHED_BYTES {
             return Err(AppendError::Unavailable(format!(
                 "{waiting} bytes of appends are waiting for the disk"
             )));
         }
-        let awaiting = self.awaiting_commit.load(Ordering::Relaxed);
+        let awaiting = self.awaiting_commit.load(Ordering::Relaxed) + accepting;
         if awaiting >= MAX_AWAITING_COMMIT {
             return Err(AppendError::Unavailable(format!(
                 "{awaiting} appends are already waiting to commit"
@@ -852,11 +853,12 @@ impl QuorumState {
     fn propose_each(&mut self, now: u64, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
         let role = self.node.role();
         let mut accepted = Vec::with_capacity(groups.len());
-        // The groups reach storage together, after the loop: the bound on
-        // unflushed bytes counts those accepted before each.
+        // The groups reach storage together, and are registered as awaiting
+        // commit, after the loop: both bounds count those accepted before
+        // each (an append refused as unavailable must not be written).
         let mut accepting = 0;
         for (records, reply) in groups {
-            if let Err(e) = self.check_can_append(accepting) {
+            if let Err(e) = self.check_can_append(accepting, accepted.len()) {
                 let _ = reply.send(Err(e));
             } else if records.is_empty() {
                 let _ = reply.send(Err(AppendError::Rejected(ProposeError::Empty.to_string())));
@@ -923,7 +925,7 @@ impl QuorumState {
         ctx: &mut Context<Self>,
     ) {
         let answer = |response: AppendResponse| RaftResponse::Append(response);
-        match self.check_can_append(0) {
+        match self.check_can_append(0, 0) {
             Err(AppendError::Unavailable(reason)) if self.shutting_down.is_some() || self.is_stopping() => {
                 debug!("refusing a forwarded append: {reason}");
                 let _ = reply.send(answer(AppendResponse::NotLeader { leader_id: None }));
