@@ -905,6 +905,19 @@ impl QuorumState {
             }));
             return;
         };
+        // Refused here as the leader would refuse it: forwarded, a request
+        // of many short records (8 bytes each in a frame, 12 in a batch)
+        // can exceed the leader's max_frame_bytes, and the leader closes the
+        // connection, leaving this append and every other one forwarded on
+        // it with an unknown outcome.
+        let bytes: usize = records.iter().map(|r| Record::data_encoded_len(r.len())).sum();
+        let limit = self.node.config().max_batch_bytes;
+        if bytes > limit {
+            let _ = reply.send(Err(AppendError::Rejected(
+                ProposeError::TooLarge { bytes, limit }.to_string(),
+            )));
+            return;
+        }
         let forwarded = self.forwarder.send(Forward { leader_id, records });
         actix::spawn(async move {
             let outcome = forwarded
