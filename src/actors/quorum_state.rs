@@ -103,11 +103,23 @@ pub type AppendReply = oneshot::Sender<Result<Appended, AppendError>>;
 
 /// Several [`Propose`]s in one message, proposed in order; each outcome
 /// goes to its own reply as soon as it is known (one append's commit or
-/// refusal never waits for another's).
+/// refusal never waits for another's). A message dropped unhandled (the
+/// node stopped before taking it) answers every append Unavailable:
+/// nothing of it was proposed.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct ProposeMany {
     pub groups: Vec<(Vec<Vec<u8>>, AppendReply)>,
+}
+
+impl Drop for ProposeMany {
+    fn drop(&mut self) {
+        for (_, reply) in self.groups.drain(..) {
+            let _ = reply.send(Err(AppendError::Unavailable(
+                "the node stopped before taking the append".into(),
+            )));
+        }
+    }
 }
 
 /// This node's view of the quorum.
@@ -1256,9 +1268,9 @@ impl Handler<Propose> for QuorumState {
 impl Handler<ProposeMany> for QuorumState {
     type Result = ();
 
-    fn handle(&mut self, msg: ProposeMany, ctx: &mut Self::Context) {
+    fn handle(&mut self, mut msg: ProposeMany, ctx: &mut Self::Context) {
         let now = self.tick();
-        self.propose_each(now, msg.groups, ctx);
+        self.propose_each(now, std::mem::take(&mut msg.groups), ctx);
         self.drive(ctx);
     }
 }
