@@ -670,8 +670,9 @@ impl NodeHandle {
     /// Several appends handed to the node in one message, proposed in
     /// order; each outcome is sent to its own reply as [`NodeHandle::append`]
     /// would resolve. The HTTP workers use it to cross to the node's thread
-    /// once for many requests. A reply dropped unanswered means the node
-    /// stopped first: the outcome is unknown.
+    /// once for many requests. Appends a stopped node never took are
+    /// answered [`AppendError::Unavailable`]; a reply dropped unanswered
+    /// means the node stopped after taking them: the outcome is unknown.
     pub fn append_each(&self, groups: Vec<(Vec<Vec<u8>>, AppendReply)>) {
         self.inner.quorum.do_send(ProposeMany { groups });
     }

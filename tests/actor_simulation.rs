@@ -96,6 +96,17 @@ async fn stalled_single_node() -> kraft::node::NodeHandle {
 /// A single-voter node over `disk`, whose every flush takes `flush_delay`,
 /// once it leads.
 async fn single_node(disk: &actor_sim::disk::Disk, flush_delay: std::time::Duration) -> kraft::node::NodeHandle {
+    single_node_with_inbound(disk, flush_delay).await.0
+}
+
+/// [`single_node`], and the recipient its peers' requests go to.
+async fn single_node_with_inbound(
+    disk: &actor_sim::disk::Disk,
+    flush_delay: std::time::Duration,
+) -> (
+    kraft::node::NodeHandle,
+    actix::Recipient<kraft::messages::actor::InboundRequest>,
+) {
     use std::collections::BTreeMap;
     use std::time::Duration;
 
@@ -115,11 +126,11 @@ async fn single_node(disk: &actor_sim::disk::Disk, flush_delay: std::time::Durat
         seed: 1,
     })
     .unwrap();
-    net.attach(1, 1, inbound);
+    net.attach(1, 1, inbound.clone());
     while handle.describe().await.unwrap().role != "leader" {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    handle
+    (handle, inbound)
 }
 
 /// A disk that stalls (every flush takes an hour) must not turn waiting
@@ -265,5 +276,138 @@ fn a_failed_flush_acknowledges_nothing_and_stops_the_node() {
         .await
         .expect("the node stops by itself");
         assert!(handle.describe().await.is_err(), "the stopped node answers nothing");
+    });
+}
+
+/// Every fetch that misses the leader's tail cache queues a read on the
+/// storage thread, whose queue is bounded. Peers can send far more fetches
+/// than it holds (256 in flight per connection), and while the disk stalls
+/// none of them is served: a fetch the queue has no room for must be
+/// answered with an error the fetcher retries (KAFKA_STORAGE_ERROR), not
+/// stop the node.
+#[test]
+fn fetches_overflowing_the_storage_queue_of_a_stalled_disk_do_not_stop_the_node() {
+    use std::time::Duration;
+
+    use actor_sim::disk::Disk;
+    use actor_sim::world::paused_system;
+    use kraft::actors::log_appender::MAX_QUEUED_COMMANDS;
+    use kraft::messages::actor::InboundRequest;
+    use kraft::messages::{ErrorCode, FetchRequest, RaftRequest, RaftResponse};
+
+    const OBSERVER: i32 = 100;
+    paused_system().block_on(async {
+        // A log written before a restart: the next incarnation's tail cache
+        // does not hold offset 0, so fetches from there read the store.
+        let disk = Disk::new();
+        let first = single_node(&disk, Duration::from_millis(1)).await;
+        first.append(vec![b"before the restart".to_vec()]).await.unwrap();
+        first.shutdown().await;
+
+        let (handle, inbound) = single_node_with_inbound(&disk, Duration::from_secs(3600)).await;
+        let epoch = handle.describe().await.unwrap().leader_epoch;
+        let mut answers = Vec::new();
+        for _ in 0..MAX_QUEUED_COMMANDS + 100 {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let fetch = FetchRequest {
+                replica_id: OBSERVER,
+                current_epoch: epoch,
+                fetch_offset: 0,
+                last_fetched_epoch: 0,
+                max_wait_ms: 0,
+                max_bytes: 1024,
+            };
+            let request = InboundRequest {
+                from: OBSERVER,
+                request: RaftRequest::Fetch(fetch),
+                reply,
+            };
+            if inbound.send(request).await.is_err() {
+                break;
+            }
+            answers.push(answer);
+        }
+        // The leader's own writes (its idle NoOps) still find room.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            handle.describe().await.is_ok(),
+            "a flood of fetches stopped the node after {} of them",
+            answers.len()
+        );
+        // The fetches past the queue's room are refused at once.
+        let mut refused = 0;
+        for answer in &mut answers {
+            if let Ok(RaftResponse::Fetch(response)) = answer.try_recv() {
+                assert_eq!(response.error, ErrorCode::KafkaStorageError, "{response:?}");
+                refused += 1;
+            }
+        }
+        assert!(refused > 0, "every fetch was queued");
+        handle.shutdown().await;
+    });
+}
+
+/// An append refused as unavailable was not written, so the client may
+/// retry it. Appends handed over in one message (`append_each`) were all
+/// checked against the count of appends awaiting commit as it was before
+/// the message: past the bound, the purgatory refused the extra ones as
+/// unavailable after they had been proposed, and they committed anyway (a
+/// retry would write them twice).
+#[test]
+fn appends_refused_as_unavailable_are_never_written() {
+    use std::collections::BTreeSet;
+
+    use actor_sim::world::paused_system;
+    use kraft::actors::fetch_purgatory::MAX_PENDING_APPENDS;
+    use kraft::node::AppendError;
+
+    const APPENDS: usize = MAX_PENDING_APPENDS + 10;
+    paused_system().block_on(async {
+        // No stall needed: the purgatory receives every registration of the
+        // hand-over before the high watermark that completes any of them.
+        let handle = single_node(&actor_sim::disk::Disk::new(), std::time::Duration::from_millis(1)).await;
+        let (replies, answers): (Vec<_>, Vec<_>) = (0..APPENDS).map(|_| tokio::sync::oneshot::channel()).unzip();
+        handle.append_each(
+            replies
+                .into_iter()
+                .enumerate()
+                .map(|(i, reply)| (vec![format!("r{i}").into_bytes()], reply))
+                .collect(),
+        );
+        let results = futures::future::join_all(answers).await;
+        let mut unavailable = BTreeSet::new();
+        let mut last_committed = 0;
+        for (i, result) in results.into_iter().enumerate() {
+            match result.expect("every append is answered") {
+                Ok(appended) => last_committed = last_committed.max(appended.last_offset),
+                Err(AppendError::Unavailable(_)) => {
+                    unavailable.insert(format!("r{i}"));
+                }
+                Err(e) => panic!("append {i}: {e}"),
+            }
+        }
+        // Whatever commits later is committed by now: the log is read up
+        // to its end.
+        handle
+            .append(vec![b"last".to_vec()])
+            .await
+            .expect("a later append commits");
+        let mut from = 0;
+        let mut written = Vec::new();
+        loop {
+            let page = handle.read_committed(from, 10_000).await.unwrap();
+            let Some(last) = page.records.last() else { break };
+            from = last.offset + 1;
+            written.extend(page.records.into_iter().filter_map(|r| r.value));
+        }
+        assert!(last_committed > 0);
+        let written_anyway: Vec<&String> = written.iter().filter(|v| unavailable.contains(*v)).collect();
+        assert!(
+            written_anyway.is_empty(),
+            "{} appends refused as unavailable were written: {:?}",
+            written_anyway.len(),
+            &written_anyway[..written_anyway.len().min(5)]
+        );
+        handle.shutdown().await;
     });
 }

@@ -1071,3 +1071,28 @@ async fn appends_handed_over_together_are_written_as_one_batch() {
     assert_eq!(after - before, 1, "ten appends handed over together, one batch");
     node.shutdown().await;
 }
+
+/// An append too large for one batch is refused as such wherever it is
+/// sent. `POST /v1/append` with many short records (`""` is 3 bytes of
+/// JSON, 12 of a batch, 8 of a forwarded frame) passes the body cap; the
+/// leader refuses the batch, but forwarded from a follower the frame is
+/// above the leader's `max_frame_bytes`: the leader closes the connection,
+/// and the client (and every other append forwarded on that connection)
+/// heard "outcome unknown" for records that were never written.
+#[actix_rt::test]
+async fn an_append_too_large_for_a_batch_is_rejected_on_a_follower_as_on_the_leader() {
+    init_tracing();
+    let ports = free_ports(3);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes = start_cluster(&ports, &dirs).await;
+    let (leader, _) = agreed_leader(&nodes, 0).await;
+    let follower = (leader + 1) % 3;
+    // 17.6 MB as a forwarded frame (above the default 16 MiB), 26.4 MB as
+    // a batch (above 8 MiB).
+    let records = vec![Vec::new(); 2_200_000];
+    let on_leader = nodes[leader].as_ref().unwrap().append(records.clone()).await;
+    assert!(matches!(on_leader, Err(AppendError::Rejected(_))), "{on_leader:?}");
+    let on_follower = nodes[follower].as_ref().unwrap().append(records).await;
+    assert!(matches!(on_follower, Err(AppendError::Rejected(_))), "{on_follower:?}");
+    shutdown_all(&mut nodes).await;
+}

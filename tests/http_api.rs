@@ -330,3 +330,18 @@ async fn bad_requests_get_json_errors_and_write_nothing() {
     assert_eq!(reply.status, 200, "{}", reply.text());
     node.stop().await;
 }
+
+/// An append sent to a node that has stopped (a graceful shutdown stops
+/// the node before the HTTP server, and a failed node stops on its own)
+/// was never taken: it is UNAVAILABLE, which a client may retry elsewhere,
+/// not OUTCOME_UNKNOWN, which tells it the records may have been written.
+#[actix_rt::test]
+async fn an_append_to_a_stopped_node_is_unavailable_not_of_unknown_outcome() {
+    let node = TestNode::start().await;
+    node.handle.shutdown().await;
+    node.post("/v1/append", r#"{"records": ["never taken"]}"#)
+        .await
+        .assert_error(503, "UNAVAILABLE");
+    node.get("/v1/quorum").await.assert_error(503, "UNAVAILABLE");
+    node.stop().await;
+}

@@ -142,7 +142,8 @@ impl PendingAppends {
             "empty proposal {proposed:?}"
         );
         if self.pending.len() >= MAX_PENDING_APPENDS {
-            complete(Err(AppendError::Unavailable(format!(
+            // The records were proposed already: they may still commit.
+            complete(Err(AppendError::OutcomeUnknown(format!(
                 "{MAX_PENDING_APPENDS} appends are already waiting to commit"
             ))));
             return;
@@ -401,6 +402,23 @@ mod tests {
         p.on_role(role(RoleKind::Leader, 3));
         assert_eq!(outcomes.lock().unwrap().len(), 1);
         assert!(outcomes.lock().unwrap()[0].1.is_ok());
+    }
+
+    #[test]
+    fn a_registration_past_the_bound_fails_as_outcome_unknown() {
+        // Registered means proposed: refusing it now cannot unwrite it.
+        let outcomes = Outcomes::default();
+        let mut p = PendingAppends::new();
+        p.on_role(role(RoleKind::Leader, 1));
+        for offset in 0..MAX_PENDING_APPENDS as Offset {
+            p.register(proposed(offset, offset, 1), Box::new(|_| {}));
+        }
+        let past = MAX_PENDING_APPENDS as Offset;
+        p.register(proposed(past, past, 1), completion(&outcomes, 1));
+        assert!(matches!(
+            outcomes.lock().unwrap()[0].1,
+            Err(AppendError::OutcomeUnknown(_))
+        ));
     }
 
     #[test]

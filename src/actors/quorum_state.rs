@@ -68,6 +68,13 @@ const HW_HINT_INTERVAL_MS: u64 = 1_000;
 const MAX_UNFLUSHED_BYTES: usize = 64 * 1024 * 1024;
 /// Longest queue of client log reads on the storage thread.
 const MAX_CLIENT_READS: usize = 32;
+/// Most reads for Fetch and FetchSnapshot answers queued at once (on the
+/// storage thread or the snapshot reader); past it a fetch is answered
+/// with KAFKA_STORAGE_ERROR, which the fetcher retries after its backoff.
+/// Every follower and observer has one fetch in flight; peers can send far
+/// more (256 per connection), and they must never fill the bounded queue
+/// the log's own writes need (a write it refuses stops the node).
+const MAX_FETCH_READS: usize = 1024;
 /// Longest a graceful shutdown waits for its EndQuorumEpoch sends.
 pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
 /// Most bytes one `read_committed` call reads.
@@ -96,11 +103,23 @@ pub type AppendReply = oneshot::Sender<Result<Appended, AppendError>>;
 
 /// Several [`Propose`]s in one message, proposed in order; each outcome
 /// goes to its own reply as soon as it is known (one append's commit or
-/// refusal never waits for another's).
+/// refusal never waits for another's). A message dropped unhandled (the
+/// node stopped before taking it) answers every append Unavailable:
+/// nothing of it was proposed.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct ProposeMany {
     pub groups: Vec<(Vec<Vec<u8>>, AppendReply)>,
+}
+
+impl Drop for ProposeMany {
+    fn drop(&mut self) {
+        for (_, reply) in self.groups.drain(..) {
+            let _ = reply.send(Err(AppendError::Unavailable(
+                "the node stopped before taking the append".into(),
+            )));
+        }
+    }
 }
 
 /// This node's view of the quorum.
@@ -250,6 +269,9 @@ pub struct QuorumState {
     /// Client reads (`GET /v1/log`) queued on the storage thread. Bounded,
     /// so clients can never fill the queue the log's own writes need.
     client_reads: usize,
+    /// Reads for fetch answers queued and not yet answered (at most
+    /// [`MAX_FETCH_READS`]); shared with the tasks that complete them.
+    fetch_reads: Arc<AtomicUsize>,
     /// The high watermark of the last *executed* HighWatermark action: the
     /// appends it covers were queued to storage before it.
     executed_high_watermark: Offset,
@@ -295,6 +317,7 @@ impl QuorumState {
             timer: None,
             deferred: VecDeque::new(),
             client_reads: 0,
+            fetch_reads: Arc::new(AtomicUsize::new(0)),
             executed_high_watermark: log_start,
             last_hint: log_start,
             last_hint_ms: 0,
@@ -434,7 +457,7 @@ impl QuorumState {
                 },
                 Action::RespondFetch {
                     request_id,
-                    response,
+                    mut response,
                     read,
                     ..
                 } => {
@@ -452,6 +475,15 @@ impl QuorumState {
                         let _ = reply.send(RaftResponse::Fetch(complete_fetch(response, Ok(batches))));
                         continue;
                     }
+                    if self.fetch_reads.load(Ordering::Relaxed) >= MAX_FETCH_READS {
+                        debug!(
+                            request_id,
+                            "{MAX_FETCH_READS} fetch reads are queued; answering a storage error"
+                        );
+                        response.error = ErrorCode::KafkaStorageError;
+                        let _ = reply.send(RaftResponse::Fetch(response));
+                        continue;
+                    }
                     // The read is queued behind every append sent so far and
                     // answered without waiting for a flush (the leader may
                     // ship records before its own fsync; it counts itself
@@ -461,10 +493,13 @@ impl QuorumState {
                         Err(e) => return self.fatal(ctx, format!("cannot queue a fetch read: {e}")),
                     };
                     let fetched = self.metrics.fetch_records_total.clone();
+                    let queued = FetchRead::start(&self.fetch_reads);
                     actix::spawn(async move {
                         // A dropped reply means the storage thread failed; it
                         // reported that itself and the node is stopping.
-                        if let Ok(read) = batches.await {
+                        let read = batches.await;
+                        drop(queued);
+                        if let Ok(read) = read {
                             let response = complete_fetch(response, read);
                             let records: u64 = response.batches.iter().map(|b| b.record_count as u64).sum();
                             fetched.fetch_add(records, Ordering::Relaxed);
@@ -481,6 +516,15 @@ impl QuorumState {
                     let Some(reply) = self.inbound.remove(&request_id) else {
                         continue;
                     };
+                    if self.fetch_reads.load(Ordering::Relaxed) >= MAX_FETCH_READS {
+                        debug!(
+                            request_id,
+                            "{MAX_FETCH_READS} fetch reads are queued; answering a storage error"
+                        );
+                        response.error = ErrorCode::KafkaStorageError;
+                        let _ = reply.send(RaftResponse::FetchSnapshot(response));
+                        continue;
+                    }
                     let chunk = self
                         .appender
                         .read_snapshot_chunk(response.snapshot_id, response.position, max_bytes);
@@ -488,8 +532,11 @@ impl QuorumState {
                         Ok(chunk) => chunk,
                         Err(e) => return self.fatal(ctx, format!("cannot queue a snapshot read: {e}")),
                     };
+                    let queued = FetchRead::start(&self.fetch_reads);
                     actix::spawn(async move {
-                        match chunk.await {
+                        let chunk = chunk.await;
+                        drop(queued);
+                        match chunk {
                             Ok(Ok(chunk)) => {
                                 response.size = chunk.size;
                                 response.bytes = chunk.bytes;
@@ -764,19 +811,20 @@ impl QuorumState {
     }
 
     /// Refuses new appends while shutting down or when too many wait;
-    /// `accepting` bytes were already accepted in the same message and are
-    /// not yet counted as unflushed.
-    fn check_can_append(&self, accepting: usize) -> Result<(), AppendError> {
+    /// `accepting_bytes` in `accepting` appends were already accepted in the
+    /// same message and are not yet counted as unflushed nor as awaiting
+    /// commit (they are registered after all of them are proposed).
+    fn check_can_append(&self, accepting_bytes: usize, accepting: usize) -> Result<(), AppendError> {
         if self.shutting_down.is_some() || self.is_stopping() {
             return Err(AppendError::Unavailable("the node is shutting down".into()));
         }
-        let waiting = self.unflushed_bytes + accepting;
+        let waiting = self.unflushed_bytes + accepting_bytes;
         if waiting >= MAX_UNFLUSHED_BYTES {
             return Err(AppendError::Unavailable(format!(
                 "{waiting} bytes of appends are waiting for the disk"
             )));
         }
-        let awaiting = self.awaiting_commit.load(Ordering::Relaxed);
+        let awaiting = self.awaiting_commit.load(Ordering::Relaxed) + accepting;
         if awaiting >= MAX_AWAITING_COMMIT {
             return Err(AppendError::Unavailable(format!(
                 "{awaiting} appends are already waiting to commit"
@@ -817,11 +865,12 @@ impl QuorumState {
     fn propose_each(&mut self, now: u64, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
         let role = self.node.role();
         let mut accepted = Vec::with_capacity(groups.len());
-        // The groups reach storage together, after the loop: the bound on
-        // unflushed bytes counts those accepted before each.
+        // The groups reach storage together, and are registered as awaiting
+        // commit, after the loop: both bounds count those accepted before
+        // each (an append refused as unavailable must not be written).
         let mut accepting = 0;
         for (records, reply) in groups {
-            if let Err(e) = self.check_can_append(accepting) {
+            if let Err(e) = self.check_can_append(accepting, accepted.len()) {
                 let _ = reply.send(Err(e));
             } else if records.is_empty() {
                 let _ = reply.send(Err(AppendError::Rejected(ProposeError::Empty.to_string())));
@@ -868,6 +917,19 @@ impl QuorumState {
             }));
             return;
         };
+        // Refused here as the leader would refuse it: forwarded, a request
+        // of many short records (8 bytes each in a frame, 12 in a batch)
+        // can exceed the leader's max_frame_bytes, and the leader closes the
+        // connection, leaving this append and every other one forwarded on
+        // it with an unknown outcome.
+        let bytes: usize = records.iter().map(|r| Record::data_encoded_len(r.len())).sum();
+        let limit = self.node.config().max_batch_bytes;
+        if bytes > limit {
+            let _ = reply.send(Err(AppendError::Rejected(
+                ProposeError::TooLarge { bytes, limit }.to_string(),
+            )));
+            return;
+        }
         let forwarded = self.forwarder.send(Forward { leader_id, records });
         actix::spawn(async move {
             let outcome = forwarded
@@ -888,7 +950,7 @@ impl QuorumState {
         ctx: &mut Context<Self>,
     ) {
         let answer = |response: AppendResponse| RaftResponse::Append(response);
-        match self.check_can_append(0) {
+        match self.check_can_append(0, 0) {
             Err(AppendError::Unavailable(reason)) if self.shutting_down.is_some() || self.is_stopping() => {
                 debug!("refusing a forwarded append: {reason}");
                 let _ = reply.send(answer(AppendResponse::NotLeader { leader_id: None }));
@@ -1206,9 +1268,9 @@ impl Handler<Propose> for QuorumState {
 impl Handler<ProposeMany> for QuorumState {
     type Result = ();
 
-    fn handle(&mut self, msg: ProposeMany, ctx: &mut Self::Context) {
+    fn handle(&mut self, mut msg: ProposeMany, ctx: &mut Self::Context) {
         let now = self.tick();
-        self.propose_each(now, msg.groups, ctx);
+        self.propose_each(now, std::mem::take(&mut msg.groups), ctx);
         self.drive(ctx);
     }
 }
@@ -1317,6 +1379,23 @@ impl Handler<ReadCommitted> for QuorumState {
                 records,
             })
         })
+    }
+}
+
+/// One queued fetch read, counted in `QuorumState::fetch_reads` until it
+/// is dropped (its answer came, or the storage side went away).
+struct FetchRead(Arc<AtomicUsize>);
+
+impl FetchRead {
+    fn start(fetch_reads: &Arc<AtomicUsize>) -> FetchRead {
+        fetch_reads.fetch_add(1, Ordering::Relaxed);
+        FetchRead(fetch_reads.clone())
+    }
+}
+
+impl Drop for FetchRead {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

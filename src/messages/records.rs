@@ -68,10 +68,15 @@ impl Record {
         )
     }
 
+    /// [`Record::encoded_len`] of a data record of `len` bytes.
+    pub fn data_encoded_len(len: usize) -> usize {
+        len + 12
+    }
+
     /// Bytes this record adds to a batch, used by the accumulator's size cap.
     pub fn encoded_len(&self) -> usize {
         match self {
-            Record::Data(bytes) => bytes.len() + 12,
+            Record::Data(bytes) => Self::data_encoded_len(bytes.len()),
             Record::LeaderChange {
                 voters,
                 granting_voters,
