@@ -173,6 +173,8 @@ pub struct Stats {
     pub truncated_batches: u64,
     pub truncations_of_committed: u64,
     pub settle_ms: u64,
+    /// Seeds with observers on slow disks.
+    pub slow_observer_disks: u64,
 }
 
 impl Stats {
@@ -204,6 +206,7 @@ impl Stats {
         self.truncated_batches += o.truncated_batches;
         self.truncations_of_committed += o.truncations_of_committed;
         self.settle_ms = self.settle_ms.max(o.settle_ms);
+        self.slow_observer_disks += o.slow_observer_disks;
     }
 
     pub fn summary(&self) -> String {
@@ -212,7 +215,7 @@ impl Stats {
              proposals={} acked={} unknown={} not_leader={} leader_refused={} too_large={} crashes={} \
              (mid-action {}) restarts={} partitions={} resigns={} messages={} lost={} dup={} dropped={} \
              failures_reported={} flushes={} appends={} truncated_batches={} truncations_of_committed={} \
-             settle_max={}ms",
+             settle_max={}ms slow_observer_disks={}",
             self.events,
             self.virtual_ms / 1000,
             self.elections,
@@ -240,6 +243,7 @@ impl Stats {
             self.truncated_batches,
             self.truncations_of_committed,
             self.settle_ms,
+            self.slow_observer_disks,
         )
     }
 }
@@ -297,7 +301,7 @@ impl Sim {
     /// A run whose fault mix is drawn from its seed.
     pub fn random(seed: u64, chaos_events: u64, trace: Trace) -> Result<Sim, Failure> {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let params = SimParams::random(&mut rng, chaos_events);
+        let params = SimParams::random(&mut rng, chaos_events).late_options(seed);
         Sim::build(seed, rng, params, trace)
     }
 
@@ -339,6 +343,10 @@ impl Sim {
             })
             .collect();
         let chaos = params.crash_every_ms > 0 || params.partition_every_ms > 0 || params.resign_every_ms > 0;
+        let stats = Stats {
+            slow_observer_disks: u64::from(params.slow_observer_disk_max_ms > 0),
+            ..Stats::default()
+        };
         let proposing = params.propose_every_ms > 0;
         let max_pad = params.max_record_pad_bytes;
         let mut sim = Sim {
@@ -351,7 +359,7 @@ impl Sim {
             nodes,
             inv: Invariants::new(max_pad),
             trace,
-            stats: Stats::default(),
+            stats,
             blocked: BTreeSet::new(),
             partition_generation: 0,
             pending_requests: BTreeMap::new(),
@@ -491,6 +499,7 @@ impl Sim {
         self.params.loss = 0.0;
         self.params.dup = 0.0;
         self.params.crash_mid_actions = 0.0;
+        self.params.slow_observer_disk_max_ms = 0;
         self.blocked.clear();
         self.partition_generation += 1;
         for n in &mut self.nodes {
@@ -1054,11 +1063,14 @@ impl Sim {
             }
             Action::Flush => {
                 self.stats.flushes += 1;
-                let delay = match self.node(id).disk_delay_ms {
+                let n = self.node(id);
+                let max = match self.params.slow_observer_disk_max_ms {
+                    slow if slow > 0 && !n.is_voter => slow,
+                    _ => self.params.disk_delay_max_ms,
+                };
+                let delay = match n.disk_delay_ms {
                     Some(ms) => ms,
-                    None => self
-                        .rng
-                        .gen_range(self.params.disk_delay_min_ms..=self.params.disk_delay_max_ms),
+                    None => self.rng.gen_range(self.params.disk_delay_min_ms..=max),
                 };
                 let incarnation = self.node(id).incarnation;
                 self.push(delay, Event::FlushDone { node: id, incarnation });
@@ -1074,6 +1086,7 @@ impl Sim {
                         format!("node {id} sent {request:?} to unknown node {to}"),
                     ));
                 }
+                self.inv.fetch_offsets.on_send(self.node(id), to, &request)?;
                 let sender_incarnation = self.node(id).incarnation;
                 self.transmit(Message {
                     from: id,

@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 
 use kraft::raft::{NodeId, RaftConfig};
 use rand::rngs::SmallRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
+
+/// Mixed into a seed for the second stream of draws ([`SimParams::late_options`]).
+const LATE_OPTIONS_STREAM: u64 = 0x6c61_7465_5f6f_7074;
 
 /// One seed's settings. Intervals are the *mean* gap between two faults of a
 /// kind (uniform in `[0, 2 × mean]`); 0 disables that fault.
@@ -43,6 +46,11 @@ pub struct SimParams {
     // Disk and clock.
     pub disk_delay_min_ms: u64,
     pub disk_delay_max_ms: u64,
+    /// When not 0, observers' flushes take up to this long instead of
+    /// `disk_delay_max_ms` (a slow broker disk): long enough that an
+    /// observer's fetch timeout passes while its last fetched batches are
+    /// still unflushed, and it goes looking for the leader with them.
+    pub slow_observer_disk_max_ms: u64,
     /// Each node's shell also ticks the engine at random gaps up to this.
     pub tick_every_max_ms: u64,
 
@@ -112,6 +120,7 @@ impl SimParams {
             resign_every_ms: *pick(rng, &[0, 0, 5_000, 20_000]),
             disk_delay_min_ms: 0,
             disk_delay_max_ms,
+            slow_observer_disk_max_ms: 0,
             tick_every_max_ms: *pick(rng, &[5, 20, 100]),
             propose_every_ms: *pick(rng, &[5, 20, 50, 200]),
             propose_to_non_leader: 0.1,
@@ -138,6 +147,19 @@ impl SimParams {
         }
     }
 
+    /// Options added after seeds were first recorded. They take no draws
+    /// from the run's RNG (they draw from a second stream of the seed), so
+    /// a seed whose late options are off runs exactly the cluster it ran
+    /// before, and the regression seeds keep replaying the runs that found
+    /// their bugs (`tests/simulation.rs` checks that).
+    pub fn late_options(mut self, seed: u64) -> SimParams {
+        let mut rng = SmallRng::seed_from_u64(seed ^ LATE_OPTIONS_STREAM);
+        if self.observers > 0 && rng.gen_bool(0.3) {
+            self.slow_observer_disk_max_ms = 2 * self.fetch_timeout_ms;
+        }
+        self
+    }
+
     /// A fault-free cluster for the scripted scenario tests: a reliable,
     /// fast network, fast disks, no random faults and no random clients.
     pub fn calm(voters: usize, observers: usize) -> SimParams {
@@ -157,6 +179,7 @@ impl SimParams {
             resign_every_ms: 0,
             disk_delay_min_ms: 1,
             disk_delay_max_ms: 3,
+            slow_observer_disk_max_ms: 0,
             tick_every_max_ms: 20,
             propose_every_ms: 0,
             propose_to_non_leader: 0.0,
@@ -207,7 +230,7 @@ impl SimParams {
             "voters={} observers={} loss={:.3} dup={:.3} delay={}..{}ms fail_notify={} partition_every={}ms \
              crash_every={}ms restart_max={}ms crash_mid={} resign_every={}ms disk<={}ms tick<={}ms \
              propose_every={}ms election={}ms fetch={}ms request={}ms backoff_max={}ms linger={}ms max_batch={} fetch_wait={}ms \
-             fetch_bytes={} idle={}ms",
+             fetch_bytes={} idle={}ms slow_observer_disk<={}ms",
             self.voters,
             self.observers,
             self.loss,
@@ -232,6 +255,7 @@ impl SimParams {
             self.fetch_max_wait_ms,
             self.fetch_max_bytes,
             self.max_idle_interval_ms,
+            self.slow_observer_disk_max_ms,
         )
     }
 }
