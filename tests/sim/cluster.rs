@@ -268,7 +268,10 @@ impl std::fmt::Display for Failure {
 
 pub struct Sim {
     pub seed: u64,
+    /// The settings in force; `settle` heals the faults in them.
     pub params: SimParams,
+    /// The seed's settings as drawn, for its summary line.
+    pub params_summary: String,
     rng: SmallRng,
     pub now: u64,
     queue: BinaryHeap<Queued>,
@@ -349,9 +352,11 @@ impl Sim {
         };
         let proposing = params.propose_every_ms > 0;
         let max_pad = params.max_record_pad_bytes;
+        let params_summary = params.summary();
         let mut sim = Sim {
             seed,
             params,
+            params_summary,
             rng,
             now: 0,
             queue: BinaryHeap::new(),
