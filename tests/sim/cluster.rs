@@ -175,6 +175,11 @@ pub struct Stats {
     pub settle_ms: u64,
     /// Seeds with observers on slow disks.
     pub slow_observer_disks: u64,
+    /// Seeds whose nodes started a few epochs below the largest ...
+    pub near_max_epoch: u64,
+    /// ... and those that ran out of elections (every voter at the
+    /// largest epoch, no leader) and ended with no leader.
+    pub elections_exhausted: u64,
 }
 
 impl Stats {
@@ -207,6 +212,8 @@ impl Stats {
         self.truncations_of_committed += o.truncations_of_committed;
         self.settle_ms = self.settle_ms.max(o.settle_ms);
         self.slow_observer_disks += o.slow_observer_disks;
+        self.near_max_epoch += o.near_max_epoch;
+        self.elections_exhausted += o.elections_exhausted;
     }
 
     pub fn summary(&self) -> String {
@@ -215,7 +222,7 @@ impl Stats {
              proposals={} acked={} unknown={} not_leader={} leader_refused={} too_large={} crashes={} \
              (mid-action {}) restarts={} partitions={} resigns={} messages={} lost={} dup={} dropped={} \
              failures_reported={} flushes={} appends={} truncated_batches={} truncations_of_committed={} \
-             settle_max={}ms slow_observer_disks={}",
+             settle_max={}ms slow_observer_disks={} near_max_epoch={} (elections exhausted {})",
             self.events,
             self.virtual_ms / 1000,
             self.elections,
@@ -244,6 +251,8 @@ impl Stats {
             self.truncations_of_committed,
             self.settle_ms,
             self.slow_observer_disks,
+            self.near_max_epoch,
+            self.elections_exhausted,
         )
     }
 }
@@ -348,6 +357,7 @@ impl Sim {
         let chaos = params.crash_every_ms > 0 || params.partition_every_ms > 0 || params.resign_every_ms > 0;
         let stats = Stats {
             slow_observer_disks: u64::from(params.slow_observer_disk_max_ms > 0),
+            near_max_epoch: u64::from(params.start_epoch != 0),
             ..Stats::default()
         };
         let proposing = params.propose_every_ms > 0;
@@ -373,6 +383,18 @@ impl Sim {
             proposing,
         };
         let ids: Vec<NodeId> = sim.nodes.iter().map(|n| n.id).collect();
+        if sim.params.start_epoch != 0 {
+            let state = ElectionState::unattached(sim.params.start_epoch);
+            for &id in &ids {
+                let written = sim.nodes[ix(id)]
+                    .store
+                    .write_election_state(&state)
+                    .map_err(|e| storage(id, "write_election_state", e));
+                written
+                    .and_then(|()| sim.inv.monotonic.on_persist(id, &state))
+                    .map_err(|v| sim.failure(v))?;
+            }
+        }
         for &id in &ids {
             sim.start_node(id).map_err(|v| sim.failure(v))?;
             let first = sim.rng.gen_range(1..=sim.params.tick_every_max_ms);
@@ -496,7 +518,8 @@ impl Sim {
     /// End of a run: heal every fault, restart crashed nodes, stop the
     /// clients, and require a leader that every node follows and has caught
     /// up with; then the final durability check. Fails when the cluster
-    /// makes no progress for `settle_stall_ms` or takes over `settle_max_ms`.
+    /// makes no progress for `settle_stall_ms` or takes over `settle_max_ms`
+    /// (except in a `start_epoch` seed that has run out of elections).
     pub fn settle(&mut self) -> Result<(), Failure> {
         let start = self.now;
         self.chaos = false;
@@ -537,6 +560,23 @@ impl Sim {
                 (best_progress, progress_at) = (progress, self.now);
             }
             let stalled = self.now > progress_at + self.params.settle_stall_ms;
+            if stalled && self.params.start_epoch != 0 && self.elections_exhausted() {
+                // Liveness ends at the largest epoch: nobody can campaign
+                // any more, so no leader may ever come and lagging nodes
+                // stay behind. Only for the seeds that start near it; the
+                // acknowledged records must still be on a majority.
+                self.line(0, || {
+                    "elections exhausted at the largest epoch: no leader expected".to_string()
+                });
+                self.stats.elections_exhausted = 1;
+                self.stats.settle_ms = self.now - start;
+                self.inv
+                    .durability
+                    .final_check_majority(&self.nodes)
+                    .map_err(|v| self.failure(v))?;
+                self.finish_stats();
+                return Ok(());
+            }
             if stalled || self.now > start + self.params.settle_max_ms {
                 return Err(self.failure(violation(
                     LIVENESS,
@@ -610,6 +650,14 @@ impl Sim {
             .map(|last| last.next)
             .sum();
         hws + matched
+    }
+
+    /// No election can ever succeed again: every voter has persisted the
+    /// largest epoch (a campaign needs a higher one) and none leads it.
+    fn elections_exhausted(&self) -> bool {
+        let voters = self.nodes.iter().filter(|n| n.is_voter);
+        voters.clone().all(|n| n.persisted.epoch == Epoch::MAX)
+            && voters.clone().all(|n| n.role.role != RoleKind::Leader)
     }
 
     /// The node every up node agrees leads: it is Leader, every other node
@@ -1091,6 +1139,7 @@ impl Sim {
                         format!("node {id} sent {request:?} to unknown node {to}"),
                     ));
                 }
+                self.check_request_epoch(id, to, &request)?;
                 self.inv.fetch_offsets.on_send(self.node(id), to, &request)?;
                 let sender_incarnation = self.node(id).incarnation;
                 self.transmit(Message {
@@ -1160,6 +1209,33 @@ impl Sim {
                 self.node_mut(id).role = info;
                 self.inv.on_role(&self.nodes[ix(id)])?;
             }
+        }
+        Ok(())
+    }
+
+    /// A request names the sender's epoch, which its last `PersistElection`
+    /// recorded (the engine persists every change of its election state
+    /// before acting in it); a pre-vote names the epoch after it. Computed
+    /// wide, so that an epoch that wrapped past `Epoch::MAX` shows.
+    fn check_request_epoch(&self, id: NodeId, to: NodeId, request: &RaftRequest) -> Check {
+        let current = i64::from(self.node(id).persisted.epoch);
+        let (named, expected) = match request {
+            RaftRequest::Vote(r) if r.pre_vote => (r.epoch, current + 1),
+            RaftRequest::Vote(r) => (r.epoch, current),
+            RaftRequest::BeginQuorumEpoch(r) => (r.epoch, current),
+            RaftRequest::EndQuorumEpoch(r) => (r.epoch, current),
+            RaftRequest::Fetch(r) => (r.current_epoch, current),
+            RaftRequest::FetchSnapshot(r) => (r.current_epoch, current),
+            RaftRequest::DescribeQuorum | RaftRequest::Append(_) => return Ok(()),
+        };
+        if i64::from(named) != expected {
+            return Err(violation(
+                ENGINE_CONTRACT,
+                format!(
+                    "node {id} (persisted epoch {current}) sent node {to} a request naming epoch {named}, not \
+                     {expected}: {request:?}"
+                ),
+            ));
         }
         Ok(())
     }

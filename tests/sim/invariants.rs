@@ -850,29 +850,56 @@ impl Durability {
     pub fn final_check(&self, nodes: &[SimNode]) -> Check {
         for p in self.proposals.iter().filter(|p| p.outcome == Outcome::Acknowledged) {
             for n in nodes {
-                for k in 0..p.records {
-                    let offset = p.base + k as Offset;
-                    let want = self.payload(p.first_record + k);
-                    let found = n.log.find(offset).and_then(|e| {
-                        e.batch
-                            .records()
-                            .ok()
-                            .and_then(|r| r.get((offset - e.base) as usize).cloned())
-                    });
-                    if found != Some(Record::Data(want)) {
-                        return fail(
-                            DURABILITY,
-                            format!(
-                                "node {} lost acknowledged record {} at {offset}: has {found:?}",
-                                n.id,
-                                p.first_record + k
-                            ),
-                        );
-                    }
+                if let Some(missing) = self.first_missing(n, p) {
+                    return fail(DURABILITY, missing);
                 }
             }
         }
         Ok(())
+    }
+
+    /// At the end of a run in which no leader can be elected any more (the
+    /// largest epoch was reached), so that lagging nodes never catch up:
+    /// every acknowledged record is still in the log of a majority of
+    /// voters.
+    pub fn final_check_majority(&self, nodes: &[SimNode]) -> Check {
+        let voters: Vec<&SimNode> = nodes.iter().filter(|n| n.is_voter).collect();
+        for p in self.proposals.iter().filter(|p| p.outcome == Outcome::Acknowledged) {
+            let missing: Vec<String> = voters.iter().filter_map(|n| self.first_missing(n, p)).collect();
+            if voters.len() - missing.len() < voters.len() / 2 + 1 {
+                return fail(
+                    DURABILITY,
+                    format!(
+                        "an acknowledged record is on no majority of the {} voters: {}",
+                        voters.len(),
+                        missing.join("; ")
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The first record of acknowledged proposal `p` that `n`'s log lacks.
+    fn first_missing(&self, n: &SimNode, p: &Proposal) -> Option<String> {
+        for k in 0..p.records {
+            let offset = p.base + k as Offset;
+            let want = self.payload(p.first_record + k);
+            let found = n.log.find(offset).and_then(|e| {
+                e.batch
+                    .records()
+                    .ok()
+                    .and_then(|r| r.get((offset - e.base) as usize).cloned())
+            });
+            if found != Some(Record::Data(want)) {
+                return Some(format!(
+                    "node {} lost acknowledged record {} at {offset}: has {found:?}",
+                    n.id,
+                    p.first_record + k
+                ));
+            }
+        }
+        None
     }
 }
 
