@@ -173,6 +173,13 @@ pub struct Stats {
     pub truncated_batches: u64,
     pub truncations_of_committed: u64,
     pub settle_ms: u64,
+    /// Seeds with observers on slow disks.
+    pub slow_observer_disks: u64,
+    /// Seeds whose nodes started a few epochs below the largest ...
+    pub near_max_epoch: u64,
+    /// ... and those that ran out of elections (every voter at the
+    /// largest epoch, no leader) and ended with no leader.
+    pub elections_exhausted: u64,
 }
 
 impl Stats {
@@ -204,6 +211,9 @@ impl Stats {
         self.truncated_batches += o.truncated_batches;
         self.truncations_of_committed += o.truncations_of_committed;
         self.settle_ms = self.settle_ms.max(o.settle_ms);
+        self.slow_observer_disks += o.slow_observer_disks;
+        self.near_max_epoch += o.near_max_epoch;
+        self.elections_exhausted += o.elections_exhausted;
     }
 
     pub fn summary(&self) -> String {
@@ -212,7 +222,7 @@ impl Stats {
              proposals={} acked={} unknown={} not_leader={} leader_refused={} too_large={} crashes={} \
              (mid-action {}) restarts={} partitions={} resigns={} messages={} lost={} dup={} dropped={} \
              failures_reported={} flushes={} appends={} truncated_batches={} truncations_of_committed={} \
-             settle_max={}ms",
+             settle_max={}ms slow_observer_disks={} near_max_epoch={} (elections exhausted {})",
             self.events,
             self.virtual_ms / 1000,
             self.elections,
@@ -240,6 +250,9 @@ impl Stats {
             self.truncated_batches,
             self.truncations_of_committed,
             self.settle_ms,
+            self.slow_observer_disks,
+            self.near_max_epoch,
+            self.elections_exhausted,
         )
     }
 }
@@ -264,7 +277,10 @@ impl std::fmt::Display for Failure {
 
 pub struct Sim {
     pub seed: u64,
+    /// The settings in force; `settle` heals the faults in them.
     pub params: SimParams,
+    /// The seed's settings as drawn, for its summary line.
+    pub params_summary: String,
     rng: SmallRng,
     pub now: u64,
     queue: BinaryHeap<Queued>,
@@ -297,7 +313,7 @@ impl Sim {
     /// A run whose fault mix is drawn from its seed.
     pub fn random(seed: u64, chaos_events: u64, trace: Trace) -> Result<Sim, Failure> {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let params = SimParams::random(&mut rng, chaos_events);
+        let params = SimParams::random(&mut rng, chaos_events).late_options(seed);
         Sim::build(seed, rng, params, trace)
     }
 
@@ -339,11 +355,18 @@ impl Sim {
             })
             .collect();
         let chaos = params.crash_every_ms > 0 || params.partition_every_ms > 0 || params.resign_every_ms > 0;
+        let stats = Stats {
+            slow_observer_disks: u64::from(params.slow_observer_disk_max_ms > 0),
+            near_max_epoch: u64::from(params.start_epoch != 0),
+            ..Stats::default()
+        };
         let proposing = params.propose_every_ms > 0;
         let max_pad = params.max_record_pad_bytes;
+        let params_summary = params.summary();
         let mut sim = Sim {
             seed,
             params,
+            params_summary,
             rng,
             now: 0,
             queue: BinaryHeap::new(),
@@ -351,7 +374,7 @@ impl Sim {
             nodes,
             inv: Invariants::new(max_pad),
             trace,
-            stats: Stats::default(),
+            stats,
             blocked: BTreeSet::new(),
             partition_generation: 0,
             pending_requests: BTreeMap::new(),
@@ -360,6 +383,18 @@ impl Sim {
             proposing,
         };
         let ids: Vec<NodeId> = sim.nodes.iter().map(|n| n.id).collect();
+        if sim.params.start_epoch != 0 {
+            let state = ElectionState::unattached(sim.params.start_epoch);
+            for &id in &ids {
+                let written = sim.nodes[ix(id)]
+                    .store
+                    .write_election_state(&state)
+                    .map_err(|e| storage(id, "write_election_state", e));
+                written
+                    .and_then(|()| sim.inv.monotonic.on_persist(id, &state))
+                    .map_err(|v| sim.failure(v))?;
+            }
+        }
         for &id in &ids {
             sim.start_node(id).map_err(|v| sim.failure(v))?;
             let first = sim.rng.gen_range(1..=sim.params.tick_every_max_ms);
@@ -483,7 +518,8 @@ impl Sim {
     /// End of a run: heal every fault, restart crashed nodes, stop the
     /// clients, and require a leader that every node follows and has caught
     /// up with; then the final durability check. Fails when the cluster
-    /// makes no progress for `settle_stall_ms` or takes over `settle_max_ms`.
+    /// makes no progress for `settle_stall_ms` or takes over `settle_max_ms`
+    /// (except in a `start_epoch` seed that has run out of elections).
     pub fn settle(&mut self) -> Result<(), Failure> {
         let start = self.now;
         self.chaos = false;
@@ -491,6 +527,7 @@ impl Sim {
         self.params.loss = 0.0;
         self.params.dup = 0.0;
         self.params.crash_mid_actions = 0.0;
+        self.params.slow_observer_disk_max_ms = 0;
         self.blocked.clear();
         self.partition_generation += 1;
         for n in &mut self.nodes {
@@ -523,6 +560,23 @@ impl Sim {
                 (best_progress, progress_at) = (progress, self.now);
             }
             let stalled = self.now > progress_at + self.params.settle_stall_ms;
+            if stalled && self.params.start_epoch != 0 && self.elections_exhausted() {
+                // Liveness ends at the largest epoch: nobody can campaign
+                // any more, so no leader may ever come and lagging nodes
+                // stay behind. Only for the seeds that start near it; the
+                // acknowledged records must still be on a majority.
+                self.line(0, || {
+                    "elections exhausted at the largest epoch: no leader expected".to_string()
+                });
+                self.stats.elections_exhausted = 1;
+                self.stats.settle_ms = self.now - start;
+                self.inv
+                    .durability
+                    .final_check_majority(&self.nodes)
+                    .map_err(|v| self.failure(v))?;
+                self.finish_stats();
+                return Ok(());
+            }
             if stalled || self.now > start + self.params.settle_max_ms {
                 return Err(self.failure(violation(
                     LIVENESS,
@@ -596,6 +650,14 @@ impl Sim {
             .map(|last| last.next)
             .sum();
         hws + matched
+    }
+
+    /// No election can ever succeed again: every voter has persisted the
+    /// largest epoch (a campaign needs a higher one) and none leads it.
+    fn elections_exhausted(&self) -> bool {
+        let voters = self.nodes.iter().filter(|n| n.is_voter);
+        voters.clone().all(|n| n.persisted.epoch == Epoch::MAX)
+            && voters.clone().all(|n| n.role.role != RoleKind::Leader)
     }
 
     /// The node every up node agrees leads: it is Leader, every other node
@@ -1054,11 +1116,14 @@ impl Sim {
             }
             Action::Flush => {
                 self.stats.flushes += 1;
-                let delay = match self.node(id).disk_delay_ms {
+                let n = self.node(id);
+                let max = match self.params.slow_observer_disk_max_ms {
+                    slow if slow > 0 && !n.is_voter => slow,
+                    _ => self.params.disk_delay_max_ms,
+                };
+                let delay = match n.disk_delay_ms {
                     Some(ms) => ms,
-                    None => self
-                        .rng
-                        .gen_range(self.params.disk_delay_min_ms..=self.params.disk_delay_max_ms),
+                    None => self.rng.gen_range(self.params.disk_delay_min_ms..=max),
                 };
                 let incarnation = self.node(id).incarnation;
                 self.push(delay, Event::FlushDone { node: id, incarnation });
@@ -1074,6 +1139,8 @@ impl Sim {
                         format!("node {id} sent {request:?} to unknown node {to}"),
                     ));
                 }
+                self.check_request_epoch(id, to, &request)?;
+                self.inv.fetch_offsets.on_send(self.node(id), to, &request)?;
                 let sender_incarnation = self.node(id).incarnation;
                 self.transmit(Message {
                     from: id,
@@ -1142,6 +1209,33 @@ impl Sim {
                 self.node_mut(id).role = info;
                 self.inv.on_role(&self.nodes[ix(id)])?;
             }
+        }
+        Ok(())
+    }
+
+    /// A request names the sender's epoch, which its last `PersistElection`
+    /// recorded (the engine persists every change of its election state
+    /// before acting in it); a pre-vote names the epoch after it. Computed
+    /// wide, so that an epoch that wrapped past `Epoch::MAX` shows.
+    fn check_request_epoch(&self, id: NodeId, to: NodeId, request: &RaftRequest) -> Check {
+        let current = i64::from(self.node(id).persisted.epoch);
+        let (named, expected) = match request {
+            RaftRequest::Vote(r) if r.pre_vote => (r.epoch, current + 1),
+            RaftRequest::Vote(r) => (r.epoch, current),
+            RaftRequest::BeginQuorumEpoch(r) => (r.epoch, current),
+            RaftRequest::EndQuorumEpoch(r) => (r.epoch, current),
+            RaftRequest::Fetch(r) => (r.current_epoch, current),
+            RaftRequest::FetchSnapshot(r) => (r.current_epoch, current),
+            RaftRequest::DescribeQuorum | RaftRequest::Append(_) => return Ok(()),
+        };
+        if i64::from(named) != expected {
+            return Err(violation(
+                ENGINE_CONTRACT,
+                format!(
+                    "node {id} (persisted epoch {current}) sent node {to} a request naming epoch {named}, not \
+                     {expected}: {request:?}"
+                ),
+            ));
         }
         Ok(())
     }

@@ -19,12 +19,13 @@
 //!    and, at the end, in every node's log; committed data records are ones
 //!    a client proposed, each at most once.
 //!
-//! Plus [`DurableTransitions`] (persist, then switch, then reply) and
+//! Plus [`DurableTransitions`] (persist, then switch, then reply),
+//! [`DurableFetchOffsets`] (a Fetch acknowledges only what is on disk) and
 //! engine-contract checks made by the cluster itself.
 
 use std::collections::{BTreeMap, HashMap};
 
-use kraft::messages::{RaftResponse, Record};
+use kraft::messages::{RaftRequest, RaftResponse, Record};
 use kraft::raft::{ElectionState, Epoch, NodeId, Offset, RoleInfo, RoleKind};
 
 use super::cluster::SimNode;
@@ -63,6 +64,7 @@ pub const COMMITTED_PREFIX: &str = "4 committed-prefix agreement";
 pub const MONOTONICITY: &str = "5 monotonicity";
 pub const DURABILITY: &str = "6 durability";
 pub const DURABLE_TRANSITIONS: &str = "persist, then switch, then reply";
+pub const DURABLE_FETCH_OFFSET: &str = "a fetch offset is durable";
 pub const ENGINE_CONTRACT: &str = "engine contract";
 pub const STORAGE_CONTRACT: &str = "storage contract";
 pub const LIVENESS: &str = "liveness";
@@ -566,6 +568,67 @@ impl DurableTransitions {
 }
 
 // ---------------------------------------------------------------------------
+// A fetch offset is durable
+
+/// Every Fetch a node sends (as follower, or as an observer looking for the
+/// leader) names a position of its *durable* log: `fetch_offset` is at most
+/// the end of the prefix of its current log that is on disk (as the
+/// harness's model of that disk knows it: a crash at the moment of sending
+/// would leave every batch below `fetch_offset` in place), and
+/// `last_fetched_epoch` is the epoch of the batch just below it. The leader
+/// takes the fetch offset as "this replica holds everything below it
+/// durably" (a voter's counts toward the high watermark), so an offset past
+/// the disk is an acknowledgement a crash can take back (DESIGN.md §2:
+/// "Voters fsync an appended batch before their next Fetch, which is their
+/// acknowledgement"; the engine holds observers to it too).
+///
+/// FetchSnapshot is not checked: its `position` is a read cursor into the
+/// leader's snapshot file, which the leader uses only to pick the next
+/// chunk (it records the fetcher alive, not its progress), so it
+/// acknowledges nothing. (This simulation has no snapshots either.)
+#[derive(Default)]
+pub struct DurableFetchOffsets;
+
+impl DurableFetchOffsets {
+    pub fn on_send(&self, n: &SimNode, to: NodeId, request: &RaftRequest) -> Check {
+        let RaftRequest::Fetch(f) = request else {
+            return Ok(());
+        };
+        let durable_end = n.log.durable_prefix_end();
+        if f.fetch_offset > durable_end {
+            return fail(
+                DURABLE_FETCH_OFFSET,
+                format!(
+                    "node {} ({} {:?} in epoch {}) sent node {to} a Fetch at offset {} but only [0, {durable_end}) \
+                     of its log is durable (log end {})",
+                    n.id,
+                    if n.is_voter { "voter" } else { "observer" },
+                    n.role.role,
+                    n.role.epoch,
+                    f.fetch_offset,
+                    n.log.end()
+                ),
+            );
+        }
+        let epoch_below = match f.fetch_offset {
+            0 => Some(0),
+            offset => n.log.find(offset - 1).map(|e| e.epoch),
+        };
+        if epoch_below != Some(f.last_fetched_epoch) {
+            return fail(
+                DURABLE_FETCH_OFFSET,
+                format!(
+                    "node {} sent node {to} a Fetch at offset {} with last fetched epoch {}, but the batch below \
+                     that offset is of epoch {epoch_below:?}",
+                    n.id, f.fetch_offset, f.last_fetched_epoch
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
 // 6. Durability
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -787,29 +850,56 @@ impl Durability {
     pub fn final_check(&self, nodes: &[SimNode]) -> Check {
         for p in self.proposals.iter().filter(|p| p.outcome == Outcome::Acknowledged) {
             for n in nodes {
-                for k in 0..p.records {
-                    let offset = p.base + k as Offset;
-                    let want = self.payload(p.first_record + k);
-                    let found = n.log.find(offset).and_then(|e| {
-                        e.batch
-                            .records()
-                            .ok()
-                            .and_then(|r| r.get((offset - e.base) as usize).cloned())
-                    });
-                    if found != Some(Record::Data(want)) {
-                        return fail(
-                            DURABILITY,
-                            format!(
-                                "node {} lost acknowledged record {} at {offset}: has {found:?}",
-                                n.id,
-                                p.first_record + k
-                            ),
-                        );
-                    }
+                if let Some(missing) = self.first_missing(n, p) {
+                    return fail(DURABILITY, missing);
                 }
             }
         }
         Ok(())
+    }
+
+    /// At the end of a run in which no leader can be elected any more (the
+    /// largest epoch was reached), so that lagging nodes never catch up:
+    /// every acknowledged record is still in the log of a majority of
+    /// voters.
+    pub fn final_check_majority(&self, nodes: &[SimNode]) -> Check {
+        let voters: Vec<&SimNode> = nodes.iter().filter(|n| n.is_voter).collect();
+        for p in self.proposals.iter().filter(|p| p.outcome == Outcome::Acknowledged) {
+            let missing: Vec<String> = voters.iter().filter_map(|n| self.first_missing(n, p)).collect();
+            if voters.len() - missing.len() < voters.len() / 2 + 1 {
+                return fail(
+                    DURABILITY,
+                    format!(
+                        "an acknowledged record is on no majority of the {} voters: {}",
+                        voters.len(),
+                        missing.join("; ")
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The first record of acknowledged proposal `p` that `n`'s log lacks.
+    fn first_missing(&self, n: &SimNode, p: &Proposal) -> Option<String> {
+        for k in 0..p.records {
+            let offset = p.base + k as Offset;
+            let want = self.payload(p.first_record + k);
+            let found = n.log.find(offset).and_then(|e| {
+                e.batch
+                    .records()
+                    .ok()
+                    .and_then(|r| r.get((offset - e.base) as usize).cloned())
+            });
+            if found != Some(Record::Data(want)) {
+                return Some(format!(
+                    "node {} lost acknowledged record {} at {offset}: has {found:?}",
+                    n.id,
+                    p.first_record + k
+                ));
+            }
+        }
+        None
     }
 }
 
@@ -823,6 +913,7 @@ pub struct Invariants {
     pub committed: CommittedPrefix,
     pub monotonic: Monotonicity,
     pub transitions: DurableTransitions,
+    pub fetch_offsets: DurableFetchOffsets,
     pub durability: Durability,
 }
 
@@ -835,6 +926,7 @@ impl Invariants {
             committed: CommittedPrefix::default(),
             monotonic: Monotonicity::default(),
             transitions: DurableTransitions,
+            fetch_offsets: DurableFetchOffsets,
             durability: Durability::new(max_pad),
         }
     }

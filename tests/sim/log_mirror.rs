@@ -173,6 +173,14 @@ impl LogMirror {
     pub fn durable_end(&self) -> Offset {
         self.durable_entries().last().map(|e| e.next).unwrap_or(0)
     }
+
+    /// The end of the longest prefix of the *current* log that is on disk:
+    /// below it, a crash leaves exactly the batches the node reads now. (The
+    /// durable log may reach further with batches the node has truncated
+    /// away, which it no longer claims.)
+    pub fn durable_prefix_end(&self) -> Offset {
+        self.entries[..self.durable_prefix].last().map(|e| e.next).unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
@@ -202,5 +210,23 @@ mod tests {
         assert_eq!(log.find(1).unwrap().base, 0);
         assert_eq!(log.find(2).unwrap().base, 2);
         assert!(log.find(3).is_none());
+    }
+
+    #[test]
+    fn durable_prefix_end_counts_only_flushed_batches_of_the_current_log() {
+        let mut log = LogMirror::new();
+        log.append(batch(0, 1, 2));
+        assert_eq!(log.durable_prefix_end(), 0);
+        log.flush();
+        log.append(batch(2, 1, 3));
+        assert_eq!(log.durable_prefix_end(), 2);
+        log.flush();
+        // A truncation and a new batch past it: the old batch is still the
+        // durable one at 2, so only [0, 2) is the current log on disk.
+        log.truncate(2);
+        log.append(batch(2, 2, 4));
+        assert_eq!((log.durable_prefix_end(), log.durable_end(), log.end()), (2, 5, 6));
+        log.flush();
+        assert_eq!(log.durable_prefix_end(), 6);
     }
 }

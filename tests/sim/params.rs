@@ -6,9 +6,16 @@
 
 use std::collections::BTreeMap;
 
-use kraft::raft::{NodeId, RaftConfig};
+use kraft::raft::{Epoch, NodeId, RaftConfig};
 use rand::rngs::SmallRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
+
+/// Mixed into a seed for the second stream of draws ([`SimParams::late_options`]).
+const LATE_OPTIONS_STREAM: u64 = 0x6c61_7465_5f6f_7074;
+
+/// The epoch an [`SimParams::start_epoch`] seed starts from: three elections
+/// before the largest epoch, so that a run soon has none left.
+pub const NEAR_MAX_EPOCH: Epoch = Epoch::MAX - 3;
 
 /// One seed's settings. Intervals are the *mean* gap between two faults of a
 /// kind (uniform in `[0, 2 × mean]`); 0 disables that fault.
@@ -43,6 +50,11 @@ pub struct SimParams {
     // Disk and clock.
     pub disk_delay_min_ms: u64,
     pub disk_delay_max_ms: u64,
+    /// When not 0, observers' flushes take up to this long instead of
+    /// `disk_delay_max_ms` (a slow broker disk): long enough that an
+    /// observer's fetch timeout passes while its last fetched batches are
+    /// still unflushed, and it goes looking for the leader with them.
+    pub slow_observer_disk_max_ms: u64,
     /// Each node's shell also ticks the engine at random gaps up to this.
     pub tick_every_max_ms: u64,
 
@@ -65,6 +77,13 @@ pub struct SimParams {
     pub fetch_max_wait_ms: u64,
     pub fetch_max_bytes: u32,
     pub observer_session_ms: u64,
+
+    // Election state.
+    /// Every node starts with this persisted epoch (no vote, no leader).
+    /// Near [`Epoch::MAX`] the cluster runs out of elections: a node at
+    /// the largest epoch can only wait for a leader of it, so such a seed
+    /// may end with no leader (see `Sim::settle`).
+    pub start_epoch: Epoch,
 
     // Run length.
     /// Events (popped queue items) in the chaotic phase.
@@ -112,6 +131,7 @@ impl SimParams {
             resign_every_ms: *pick(rng, &[0, 0, 5_000, 20_000]),
             disk_delay_min_ms: 0,
             disk_delay_max_ms,
+            slow_observer_disk_max_ms: 0,
             tick_every_max_ms: *pick(rng, &[5, 20, 100]),
             propose_every_ms: *pick(rng, &[5, 20, 50, 200]),
             propose_to_non_leader: 0.1,
@@ -132,10 +152,29 @@ impl SimParams {
             fetch_max_wait_ms,
             fetch_max_bytes: *pick(rng, &[kraft::messages::MAX_BATCH_BYTES as u32, 2_000, 300]),
             observer_session_ms: *pick(rng, &[300_000, 5_000]),
+            start_epoch: 0,
             chaos_events,
             settle_stall_ms: 20_000,
             settle_max_ms: 300_000,
         }
+    }
+
+    /// Options added after seeds were first recorded. They take no draws
+    /// from the run's RNG (they draw from a second stream of the seed, or
+    /// use the seed itself), so a seed whose late options are off runs
+    /// exactly the cluster it ran before, and the regression seeds keep
+    /// replaying the runs that found their bugs (`tests/simulation.rs`
+    /// checks that).
+    pub fn late_options(mut self, seed: u64) -> SimParams {
+        let mut rng = SmallRng::seed_from_u64(seed ^ LATE_OPTIONS_STREAM);
+        if self.observers > 0 && rng.gen_bool(0.3) {
+            self.slow_observer_disk_max_ms = 2 * self.fetch_timeout_ms;
+        }
+        // One seed in 20.
+        if seed % 20 == 19 {
+            self.start_epoch = NEAR_MAX_EPOCH;
+        }
+        self
     }
 
     /// A fault-free cluster for the scripted scenario tests: a reliable,
@@ -157,6 +196,7 @@ impl SimParams {
             resign_every_ms: 0,
             disk_delay_min_ms: 1,
             disk_delay_max_ms: 3,
+            slow_observer_disk_max_ms: 0,
             tick_every_max_ms: 20,
             propose_every_ms: 0,
             propose_to_non_leader: 0.0,
@@ -173,6 +213,7 @@ impl SimParams {
             fetch_max_wait_ms: 100,
             fetch_max_bytes: kraft::messages::MAX_BATCH_BYTES as u32,
             observer_session_ms: 300_000,
+            start_epoch: 0,
             chaos_events: 0,
             settle_stall_ms: 20_000,
             settle_max_ms: 300_000,
@@ -207,7 +248,7 @@ impl SimParams {
             "voters={} observers={} loss={:.3} dup={:.3} delay={}..{}ms fail_notify={} partition_every={}ms \
              crash_every={}ms restart_max={}ms crash_mid={} resign_every={}ms disk<={}ms tick<={}ms \
              propose_every={}ms election={}ms fetch={}ms request={}ms backoff_max={}ms linger={}ms max_batch={} fetch_wait={}ms \
-             fetch_bytes={} idle={}ms",
+             fetch_bytes={} idle={}ms slow_observer_disk<={}ms start_epoch={}",
             self.voters,
             self.observers,
             self.loss,
@@ -232,6 +273,8 @@ impl SimParams {
             self.fetch_max_wait_ms,
             self.fetch_max_bytes,
             self.max_idle_interval_ms,
+            self.slow_observer_disk_max_ms,
+            self.start_epoch,
         )
     }
 }

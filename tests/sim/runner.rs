@@ -81,7 +81,7 @@ pub fn run_seed(seed: u64, events: u64, trace: Trace) -> SeedResult {
             SeedResult {
                 seed,
                 hash: sim.trace.hash(),
-                params: sim.params.summary(),
+                params: sim.params_summary.clone(),
                 stats: sim.stats.clone(),
                 tail: sim.trace.tail(),
                 nodes: sim.describe_nodes(),
