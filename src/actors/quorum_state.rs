@@ -475,15 +475,11 @@ impl QuorumState {
                         let _ = reply.send(RaftResponse::Fetch(complete_fetch(response, Ok(batches))));
                         continue;
                     }
-                    if self.fetch_reads.load(Ordering::Relaxed) >= MAX_FETCH_READS {
-                        debug!(
-                            request_id,
-                            "{MAX_FETCH_READS} fetch reads are queued; answering a storage error"
-                        );
+                    let Some(queued) = FetchRead::start(&self.fetch_reads, request_id) else {
                         response.error = ErrorCode::KafkaStorageError;
                         let _ = reply.send(RaftResponse::Fetch(response));
                         continue;
-                    }
+                    };
                     // The read is queued behind every append sent so far and
                     // answered without waiting for a flush (the leader may
                     // ship records before its own fsync; it counts itself
@@ -493,7 +489,6 @@ impl QuorumState {
                         Err(e) => return self.fatal(ctx, format!("cannot queue a fetch read: {e}")),
                     };
                     let fetched = self.metrics.fetch_records_total.clone();
-                    let queued = FetchRead::start(&self.fetch_reads);
                     actix::spawn(async move {
                         // A dropped reply means the storage thread failed; it
                         // reported that itself and the node is stopping.
@@ -516,15 +511,11 @@ impl QuorumState {
                     let Some(reply) = self.inbound.remove(&request_id) else {
                         continue;
                     };
-                    if self.fetch_reads.load(Ordering::Relaxed) >= MAX_FETCH_READS {
-                        debug!(
-                            request_id,
-                            "{MAX_FETCH_READS} fetch reads are queued; answering a storage error"
-                        );
+                    let Some(queued) = FetchRead::start(&self.fetch_reads, request_id) else {
                         response.error = ErrorCode::KafkaStorageError;
                         let _ = reply.send(RaftResponse::FetchSnapshot(response));
                         continue;
-                    }
+                    };
                     let chunk = self
                         .appender
                         .read_snapshot_chunk(response.snapshot_id, response.position, max_bytes);
@@ -532,7 +523,6 @@ impl QuorumState {
                         Ok(chunk) => chunk,
                         Err(e) => return self.fatal(ctx, format!("cannot queue a snapshot read: {e}")),
                     };
-                    let queued = FetchRead::start(&self.fetch_reads);
                     actix::spawn(async move {
                         let chunk = chunk.await;
                         drop(queued);
@@ -1387,9 +1377,18 @@ impl Handler<ReadCommitted> for QuorumState {
 struct FetchRead(Arc<AtomicUsize>);
 
 impl FetchRead {
-    fn start(fetch_reads: &Arc<AtomicUsize>) -> FetchRead {
+    /// Counts one more queued read, or None when [`MAX_FETCH_READS`] are
+    /// queued already (the fetch is then answered with a storage error).
+    fn start(fetch_reads: &Arc<AtomicUsize>, request_id: u64) -> Option<FetchRead> {
+        if fetch_reads.load(Ordering::Relaxed) >= MAX_FETCH_READS {
+            debug!(
+                request_id,
+                "{MAX_FETCH_READS} fetch reads are queued; answering a storage error"
+            );
+            return None;
+        }
         fetch_reads.fetch_add(1, Ordering::Relaxed);
-        FetchRead(fetch_reads.clone())
+        Some(FetchRead(fetch_reads.clone()))
     }
 }
 
