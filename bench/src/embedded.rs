@@ -303,7 +303,6 @@ pub async fn run(options: EmbeddedOptions) -> Result<()> {
         results: &results,
         kraft_over_disk_1k,
     };
-    procs::write_json(&path, &report)?;
-    println!("results: {}", path.display());
+    procs::write_results(&path, &report)?;
     Ok(())
 }

@@ -382,6 +382,13 @@ pub fn write_json(path: &Path, report: &impl serde::Serialize) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// [`write_json`], then tells where the results went.
+pub fn write_results(path: &Path, report: &impl serde::Serialize) -> Result<()> {
+    write_json(path, report)?;
+    println!("\nresults: {}", path.display());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -199,8 +199,7 @@ pub async fn run(options: SoakOptions) -> Result<()> {
     let report = or_diagnose("soak: failed", &cluster, outcome).await?;
     print_summary(&report);
     let json_path = options.out.join(format!("soak-{started_unix}.json"));
-    procs::write_json(&json_path, &report)?;
-    println!("\nresults: {}", json_path.display());
+    procs::write_results(&json_path, &report)?;
     Ok(())
 }
 

@@ -234,8 +234,7 @@ pub async fn run(options: StateOptions) -> Result<()> {
     let report = or_diagnose("state: a step failed", &cluster, outcome).await?;
     print_summary(&report);
     let json_path = options.out.join(format!("state-{started_unix}.json"));
-    procs::write_json(&json_path, &report)?;
-    println!("\nresults: {}", json_path.display());
+    procs::write_results(&json_path, &report)?;
     Ok(())
 }
 
