@@ -933,7 +933,7 @@ pub(in crate::pagecache) fn make_stable_inner(
             // nothing to write, don't bother sealing
             // current IO buffer.
         } else {
-            maybe_seal_and_write_iobuf(iobufs, &iobuf, header, false)?;
+            seal_and_write_iobuf(iobufs, &iobuf, header, false, true)?;
             stable = iobufs.stable();
             // NB we have to continue here to possibly clear
             // the next io buffer, which may have dirty
@@ -1022,6 +1022,20 @@ pub(in crate::pagecache) fn maybe_seal_and_write_iobuf(
     iobuf: &Arc<IoBuf>,
     header: Header,
     from_reserve: bool,
+) -> Result<()> {
+    seal_and_write_iobuf(iobufs, iobuf, header, from_reserve, false)
+}
+
+/// kraft: `maybe_seal_and_write_iobuf`, and with `write_here` the buffer is
+/// written on the calling thread instead of the I/O pool. `make_stable`
+/// passes it: its caller blocks until the write is done anyway, and the
+/// hand-off to a pool thread and back costs two wake-ups per flush.
+fn seal_and_write_iobuf(
+    iobufs: &Arc<IoBufs>,
+    iobuf: &Arc<IoBuf>,
+    header: Header,
+    from_reserve: bool,
+    write_here: bool,
 ) -> Result<()> {
     if header::is_sealed(header) {
         // this buffer is already sealed. nothing to do here.
@@ -1178,6 +1192,20 @@ pub(in crate::pagecache) fn maybe_seal_and_write_iobuf(
             "asynchronously writing iobuf with lsn {} to log from maybe_seal",
             lsn
         );
+        if write_here {
+            if let Err(e) = iobufs.write_to_log(iobuf) {
+                error!(
+                    "hit error while writing iobuf with lsn {}: {:?}",
+                    lsn, e
+                );
+                iobufs.config.set_global_error(e.clone());
+                let intervals = iobufs.intervals.lock();
+                drop(intervals);
+                let _notified = iobufs.interval_updated.notify_all();
+                return Err(e);
+            }
+            return Ok(());
+        }
         let iobufs = iobufs.clone();
         let iobuf = iobuf.clone();
         let _result = threadpool::spawn(move || {
