@@ -11,14 +11,15 @@ use std::time::Duration;
 use actix::prelude::*;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
 
 use kraft::actors::request_manager::RequestManager;
-use kraft::actors::transport::{serve, RaftServer};
+use kraft::actors::transport::{serve, RaftServer, MAX_LOG_ANSWERS_PER_CONNECTION};
 use kraft::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
 use kraft::messages::codec::{self, Body, Envelope, WIRE_VERSION};
+use kraft::messages::records::Batch;
 use kraft::messages::rpc::*;
 use kraft::raft::NodeId;
 
@@ -59,8 +60,11 @@ enum Mode {
     Answer,
     /// Hold Fetch requests until `ReleaseHeld`; answer the rest at once.
     HoldFetches,
-    /// Hold every request (keeping the reply sender alive) and never answer.
-    Never,
+    /// Hold every request (keeping the reply sender alive) until
+    /// `ReleaseHeld`, if it comes.
+    HoldAll,
+    /// Answer every Fetch at once with 1 MiB of log (a peer far behind).
+    AnswerLargeFetches,
 }
 
 struct TestHandler {
@@ -80,12 +84,24 @@ impl Handler<InboundRequest> for TestHandler {
         assert_eq!(msg.from, CLIENT_ID, "the envelope's source id reaches the handler");
         self.received.fetch_add(1, Ordering::SeqCst);
         let hold = match self.mode {
-            Mode::Answer => false,
+            Mode::Answer | Mode::AnswerLargeFetches => false,
             Mode::HoldFetches => matches!(msg.request, RaftRequest::Fetch(_)),
-            Mode::Never => true,
+            Mode::HoldAll => true,
         };
         if hold {
             self.held.push((msg.request, msg.reply));
+        } else if self.mode == Mode::AnswerLargeFetches && matches!(msg.request, RaftRequest::Fetch(_)) {
+            let mut response = answer(&msg.request);
+            if let RaftResponse::Fetch(fetch) = &mut response {
+                fetch.batches.push(Batch {
+                    base_offset: 0,
+                    epoch: 1,
+                    record_count: 1,
+                    crc: 0,
+                    payload: vec![7; (1 << 20) - 1024],
+                });
+            }
+            let _ = msg.reply.send(response);
         } else {
             let _ = msg.reply.send(answer(&msg.request));
         }
@@ -371,13 +387,15 @@ async fn round_trip_through_serve_and_request_manager() {
 #[actix_rt::test]
 async fn many_requests_in_flight_on_one_connection_each_get_one_outcome() {
     count_panics();
-    let server = start_server(Mode::HoldFetches).await;
+    // Votes: a connection holds at most MAX_LOG_ANSWERS_PER_CONNECTION
+    // fetches (a_peer_that_never_reads_its_fetch_answers_gets_few_of_them_made).
+    let server = start_server(Mode::HoldAll).await;
     let mut client = Client::start(CLUSTER, &[(SERVER_ID, server.addr())], 5000);
 
     let count = 200u64;
     for correlation_id in 0..count {
         client
-            .send(SERVER_ID, correlation_id, fetch(correlation_id as i64))
+            .send(SERVER_ID, correlation_id, vote(correlation_id as i32))
             .await;
     }
     server.wait_received(count as usize).await;
@@ -385,7 +403,7 @@ async fn many_requests_in_flight_on_one_connection_each_get_one_outcome() {
     let mut seen = BTreeSet::new();
     for _ in 0..count {
         let outcome = client.next().await;
-        assert_eq!(outcome.result, Ok(answer(&fetch(outcome.correlation_id as i64))));
+        assert_eq!(outcome.result, Ok(granted_vote(outcome.correlation_id as i32)));
         assert!(
             seen.insert(outcome.correlation_id),
             "two outcomes for {}",
@@ -418,6 +436,55 @@ async fn a_parked_fetch_does_not_block_a_later_vote() {
     assert_no_panics();
 }
 
+/// A peer that sends fetches and never reads the answers: the listener
+/// holds at most MAX_LOG_ANSWERS_PER_CONNECTION answers of 1 MiB (and the
+/// sockets' buffers a few more), not one per request in flight.
+#[actix_rt::test]
+async fn a_peer_that_never_reads_its_fetch_answers_gets_few_of_them_made() {
+    count_panics();
+    let server = start_server(Mode::AnswerLargeFetches).await;
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = timeout(PATIENCE, socket.connect(server.addr())).await.unwrap().unwrap();
+    let sent = 200;
+    for correlation_id in 0..sent {
+        stream
+            .write_all(&frame(CLUSTER, correlation_id, Body::Request(fetch(0))))
+            .await
+            .unwrap();
+    }
+
+    // The reader stops once the answers made fill the sockets and the
+    // bound; wait until the count stays put.
+    let deadline = Instant::now() + PATIENCE;
+    let mut seen = server.received.load(Ordering::SeqCst);
+    let mut unchanged_polls = 0;
+    while unchanged_polls < 25 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = server.received.load(Ordering::SeqCst);
+        unchanged_polls = if now == seen { unchanged_polls + 1 } else { 0 };
+        seen = now;
+    }
+    // The sockets buffer a few MiB between them (the client's receive
+    // buffer is 4 KiB; the server's send buffer grows to a few MiB).
+    let socket_buffered = 16;
+    assert!(
+        seen <= MAX_LOG_ANSWERS_PER_CONNECTION + socket_buffered,
+        "{seen} of {sent} fetches were answered while the peer read nothing"
+    );
+    assert!(seen >= 1, "the first fetch reaches the handler");
+
+    // Reading again lets the rest through, in full.
+    let mut answered = 0;
+    while answered < sent {
+        let envelope = read_envelope(&mut stream).await;
+        assert!(matches!(envelope.body, Body::Response(RaftResponse::Fetch(_))));
+        answered += 1;
+    }
+    assert_eq!(server.received.load(Ordering::SeqCst), sent as usize);
+    assert_no_panics();
+}
+
 #[actix_rt::test]
 async fn out_of_order_answers_on_one_raw_connection() {
     count_panics();
@@ -441,7 +508,7 @@ async fn out_of_order_answers_on_one_raw_connection() {
 #[actix_rt::test]
 async fn a_request_the_handler_never_answers_times_out() {
     count_panics();
-    let server = start_server(Mode::Never).await;
+    let server = start_server(Mode::HoldAll).await;
     let mut client = Client::start(CLUSTER, &[(SERVER_ID, server.addr())], 300);
 
     let started = Instant::now();
@@ -503,7 +570,7 @@ async fn a_node_outside_the_voter_set_is_unknown() {
 #[actix_rt::test]
 async fn losing_the_connection_fails_requests_in_flight_and_the_next_request_reconnects() {
     count_panics();
-    let server = start_server(Mode::Never).await;
+    let server = start_server(Mode::HoldAll).await;
     let addr = server.addr();
     let mut client = Client::start(CLUSTER, &[(SERVER_ID, addr)], 5000);
 
@@ -758,7 +825,7 @@ async fn a_correlation_id_already_in_flight_is_refused_and_the_first_request_kep
 async fn each_destination_gets_its_own_connection() {
     count_panics();
     let answering = start_server_as(3, Mode::Answer).await;
-    let silent = start_server_as(4, Mode::Never).await;
+    let silent = start_server_as(4, Mode::HoldAll).await;
     let mut client = Client::start(CLUSTER, &[(3, answering.addr()), (4, silent.addr())], 300);
 
     client.send(4, 1, vote(1)).await;

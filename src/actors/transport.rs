@@ -22,9 +22,14 @@
 //! and the connection stays open. A peer that half-closes after its last
 //! request still gets the answers before the connection is closed.
 //!
-//! Bounds: at most [`MAX_CONNECTIONS`] connections, and at most
-//! [`MAX_IN_FLIGHT_PER_CONNECTION`] unanswered requests per connection (the
-//! reader stops reading until one is answered).
+//! Bounds: at most [`MAX_CONNECTIONS`] connections, at most
+//! [`MAX_IN_FLIGHT_PER_CONNECTION`] unanswered requests per connection, and
+//! of those at most [`MAX_LOG_ANSWERS_PER_CONNECTION`] Fetch and
+//! FetchSnapshot requests, whose answers carry up to 1 MiB of log each. The
+//! reader stops reading until a request is answered, and a Fetch or
+//! FetchSnapshot counts until its answer is written to the socket: a peer
+//! that sends fetches but never reads the answers holds at most that many
+//! answers in the node's memory, not 256 MiB.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -42,7 +47,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::messages::actor::InboundRequest;
 use crate::messages::codec::{self, Body, Envelope, WIRE_VERSION};
-use crate::messages::rpc::{ErrorCode, RaftResponse};
+use crate::messages::rpc::{ErrorCode, RaftRequest, RaftResponse};
 use crate::raft::NodeId;
 
 /// Most connections the listener keeps open at once; more are refused.
@@ -50,6 +55,11 @@ pub const MAX_CONNECTIONS: usize = 1024;
 
 /// Most requests of one connection the handler may hold unanswered.
 pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 256;
+
+/// Most Fetch and FetchSnapshot requests of one connection that the
+/// handler may hold or whose answers wait to be written. A replica has one
+/// fetch in flight at a time.
+pub const MAX_LOG_ANSWERS_PER_CONNECTION: usize = 4;
 
 /// Bytes read from a socket per system call (frames are parsed from this).
 const READ_BUFFER_BYTES: usize = 64 * 1024;
@@ -213,16 +223,21 @@ async fn accept_loop(listener: TcpListener, shared: Rc<Shared>, mut shutdown: wa
 /// Work for a connection's writer, in the order the reader produced it.
 enum Outbound {
     /// A frame to write as is (a refusal the reader answered itself).
-    Ready {
-        frame: Vec<u8>,
-        _permit: OwnedSemaphorePermit,
-    },
+    Ready { frame: Vec<u8>, permits: Permits },
     /// A response the handler will send on `reply`.
     Pending {
         correlation_id: u64,
         reply: oneshot::Receiver<RaftResponse>,
-        permit: OwnedSemaphorePermit,
+        permits: Permits,
     },
+}
+
+/// The places a request takes in its connection's bounds, given back once
+/// its answer is written (or dropped).
+struct Permits {
+    _in_flight: OwnedSemaphorePermit,
+    /// Fetch and FetchSnapshot only.
+    _log_answer: Option<OwnedSemaphorePermit>,
 }
 
 async fn connection(stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot, mut shutdown: watch::Receiver<bool>) {
@@ -285,6 +300,7 @@ async fn read_loop(
 ) -> ReadEnd {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
+    let log_answers = Arc::new(Semaphore::new(MAX_LOG_ANSWERS_PER_CONNECTION));
     loop {
         let body = match read_frame(&mut reader, shared.max_frame_bytes).await {
             Ok(Some(body)) => body,
@@ -325,8 +341,20 @@ async fn read_loop(
         };
         // Bounds the requests this connection has in flight; waiting here
         // stops reading, which pushes back on the peer through TCP.
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+        let Ok(in_flight_permit) = in_flight.clone().acquire_owned().await else {
             return ReadEnd::Abort;
+        };
+        let log_answer = if matches!(request, RaftRequest::Fetch(_) | RaftRequest::FetchSnapshot(_)) {
+            let Ok(permit) = log_answers.clone().acquire_owned().await else {
+                return ReadEnd::Abort;
+            };
+            Some(permit)
+        } else {
+            None
+        };
+        let permits = Permits {
+            _in_flight: in_flight_permit,
+            _log_answer: log_answer,
         };
 
         let refusal = if cluster_id != shared.cluster_id {
@@ -341,7 +369,7 @@ async fn read_loop(
         };
         if let Some(code) = refusal {
             let frame = response_frame(shared, correlation_id, RaftResponse::Error(code));
-            if outbound.send(Outbound::Ready { frame, _permit: permit }).await.is_err() {
+            if outbound.send(Outbound::Ready { frame, permits }).await.is_err() {
                 return ReadEnd::Abort;
             }
             continue;
@@ -363,7 +391,7 @@ async fn read_loop(
         let pending = Outbound::Pending {
             correlation_id,
             reply: reply_rx,
-            permit,
+            permits,
         };
         if outbound.send(pending).await.is_err() {
             // The writer stopped (write error): nothing more can be answered.
@@ -384,20 +412,21 @@ async fn write_loop(
     // written, then the writer stops.
     let mut receiving = true;
     loop {
-        let frame = tokio::select! {
+        // The request's permits are held until its answer is written.
+        let (frame, _permits) = tokio::select! {
             item = outbound.recv(), if receiving => match item {
                 None => {
                     receiving = false;
                     continue;
                 }
-                Some(Outbound::Ready { frame, _permit }) => frame,
-                Some(Outbound::Pending { correlation_id, reply, permit }) => {
-                    pending.push(async move { (correlation_id, reply.await, permit) });
+                Some(Outbound::Ready { frame, permits }) => (frame, permits),
+                Some(Outbound::Pending { correlation_id, reply, permits }) => {
+                    pending.push(async move { (correlation_id, reply.await, permits) });
                     continue;
                 }
             },
-            Some((correlation_id, answer, _permit)) = pending.next(), if !pending.is_empty() => match answer {
-                Ok(response) => response_frame(&shared, correlation_id, response),
+            Some((correlation_id, answer, permits)) = pending.next(), if !pending.is_empty() => match answer {
+                Ok(response) => (response_frame(&shared, correlation_id, response), permits),
                 Err(_) => {
                     // The handler chose not to answer; the peer times out.
                     debug!(%peer, correlation_id, "request dropped without a response");
