@@ -25,11 +25,12 @@
 //! Bounds: at most [`MAX_CONNECTIONS`] connections, at most
 //! [`MAX_IN_FLIGHT_PER_CONNECTION`] unanswered requests per connection, and
 //! of those at most [`MAX_LOG_ANSWERS_PER_CONNECTION`] Fetch and
-//! FetchSnapshot requests, whose answers carry up to 1 MiB of log each. The
-//! reader stops reading until a request is answered, and a Fetch or
-//! FetchSnapshot counts until its answer is written to the socket: a peer
-//! that sends fetches but never reads the answers holds at most that many
-//! answers in the node's memory, not 256 MiB.
+//! FetchSnapshot requests, whose answers carry up to 1 MiB of log each
+//! (8 MiB when one batch is larger). The reader stops reading until a
+//! request is answered, and a Fetch or FetchSnapshot counts until its
+//! answer is written to the socket: a peer that sends fetches but never
+//! reads the answers holds at most that many answers in the node's memory,
+//! not 256 of them.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
