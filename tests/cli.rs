@@ -2,8 +2,10 @@
 //! SIGTERM, and a restart after `kill -9` that keeps every acknowledged
 //! append. Every process started here is killed by its [`Kraft`] guard.
 
+mod ports;
+
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -295,12 +297,6 @@ fn client() -> reqwest::blocking::Client {
         .expect("http client")
 }
 
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-}
-
 /// A single voter with node id `id` on `raft`, data in `data_dir`; the
 /// listeners and voters come from `--set` so those overrides are exercised.
 fn single_node(dir: &Path, id: i32, raft: SocketAddr) -> (PathBuf, Vec<String>) {
@@ -323,7 +319,7 @@ fn single_node(dir: &Path, id: i32, raft: SocketAddr) -> (PathBuf, Vec<String>) 
 #[test]
 fn sigterm_shuts_down_cleanly_and_appends_survive_restarts_and_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, overrides) = single_node(dir.path(), 1, free_port());
+    let (config, overrides) = single_node(dir.path(), 1, ports::free_addr());
 
     let mut first = Kraft::start(&config, &overrides);
     first.wait_for_leadership();
@@ -354,7 +350,7 @@ fn sigterm_shuts_down_cleanly_and_appends_survive_restarts_and_kill_9() {
 #[test]
 fn a_data_dir_of_another_node_refuses_to_start_with_exit_1() {
     let dir = tempfile::tempdir().unwrap();
-    let raft = free_port();
+    let raft = ports::free_addr();
     let (config, overrides) = single_node(dir.path(), 1, raft);
     let first = Kraft::start(&config, &overrides);
     first.wait_for_leadership();
@@ -392,7 +388,7 @@ fn listeners_http_workers_sets_the_number_of_http_threads() {
     let mut threads = Vec::new();
     for workers in [1, 3] {
         let dir = tempfile::tempdir().unwrap();
-        let (config, mut overrides) = single_node(dir.path(), 1, free_port());
+        let (config, mut overrides) = single_node(dir.path(), 1, ports::free_addr());
         overrides.push(format!("listeners.http_workers={workers}"));
         let node = Kraft::start(&config, &overrides);
         node.wait_for_leadership();

@@ -3,9 +3,11 @@
 //!
 //! Waits poll with a bound (at most [`WAIT`]) and never assert on timings.
 
+mod ports;
+
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,10 +31,9 @@ fn init_tracing() {
         .try_init();
 }
 
-/// Free loopback ports: bound, read, released.
+/// Free loopback ports, each handed out once in this process.
 fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    (0..n).map(|_| ports::free_port()).collect()
 }
 
 /// A controller of a quorum whose voter `i + 1` listens on `ports[i]`, with

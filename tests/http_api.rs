@@ -3,8 +3,9 @@
 //! ports). Requests go through `reqwest`'s blocking client on the blocking
 //! pool so that the node's actors keep running on this test's System.
 
+mod ports;
+
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -82,7 +83,7 @@ impl TestNode {
 fn single_node_config(data_dir: &Path) -> Config {
     // The voter entry must name the raft listener, so pick a free port
     // rather than asking for port 0.
-    let raft = free_port();
+    let raft = ports::free_addr();
     let mut config = Config::default();
     config.node.id = 1;
     config.node.data_dir = data_dir.join("node-1");
@@ -94,11 +95,6 @@ fn single_node_config(data_dir: &Path) -> Config {
     config.quorum.request_timeout_ms = 400;
     config.quorum.election_backoff_max_ms = 200;
     config
-}
-
-fn free_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local_addr")
 }
 
 /// A response, read in full.

@@ -2,9 +2,10 @@
 //! ports), `kill -9`, restarts, and the check that no acknowledged append is
 //! ever lost. Every process a test starts is killed when its guard drops.
 
+mod ports;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,10 +17,6 @@ use kraft::messages::{Batch, Record};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 fn http() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
@@ -45,7 +42,7 @@ impl Node {
     fn new(id: i32, data_dir: PathBuf, raft_port: u16, voters: String) -> Node {
         Node {
             id,
-            http_port: free_port(),
+            http_port: ports::free_port(),
             raft_port,
             data_dir,
             voters,
@@ -155,7 +152,7 @@ struct Cluster {
 impl Cluster {
     fn start(size: i32) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let raft_ports: Vec<u16> = (0..size).map(|_| free_port()).collect();
+        let raft_ports: Vec<u16> = (0..size).map(|_| ports::free_port()).collect();
         let voters = format!(
             "[{}]",
             raft_ports
@@ -523,7 +520,7 @@ fn an_observer_replicates_but_never_votes() {
 
     // Node 4: a broker, not in quorum.voters, so an observer.
     let voters = cluster.nodes[0].voters.clone();
-    let mut observer = Node::new(4, cluster._dir.path().join("node-4"), free_port(), voters);
+    let mut observer = Node::new(4, cluster._dir.path().join("node-4"), ports::free_port(), voters);
     observer.extra_args = vec!["--set".into(), r#"node.roles=["broker"]"#.into()];
     observer.start();
     cluster.nodes.push(observer);
