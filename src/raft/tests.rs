@@ -1491,6 +1491,41 @@ fn fetches_again_only_after_its_flush(mut node: RaftNode, corr: u64) {
     }
 }
 
+/// A Vote claims only the durable log. Like a fetch offset, the claim
+/// tells other nodes what this one holds, and a crash takes back whatever
+/// was not flushed.
+#[test]
+fn a_vote_request_names_the_flushed_log_end_not_the_log_end() {
+    let (mut node, corr) = follower_with_fetch();
+    node.handle_response(
+        5,
+        1,
+        corr,
+        data_response(1, 0, vec![Batch::new(0, 1, &[Record::NoOp, Record::NoOp])]),
+    );
+    node.on_flushed(6, 2);
+    let fetch = sent(&node.take_actions());
+    assert!(matches!(fetch[0].2, RaftRequest::Fetch(_)));
+    // Epoch 1 [0, 2) durable; [2, 5) written, not flushed when the fetch
+    // times out.
+    let batch = Batch::new(2, 1, &[Record::NoOp, Record::NoOp, Record::NoOp]);
+    node.handle_response(7, 1, fetch[0].1, data_response(1, 0, vec![batch]));
+    assert_eq!((node.log().end_offset(), node.log().flushed_end()), (5, 2));
+    node.tick(FETCH_T + 100);
+    assert_eq!(node.role().role, RoleKind::Prospective);
+    let votes: Vec<_> = sent(&node.take_actions())
+        .into_iter()
+        .filter_map(|(_, _, request)| match request {
+            RaftRequest::Vote(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(votes.len(), 2, "a pre-vote to each other voter");
+    for vote in votes {
+        assert_eq!((vote.last_epoch, vote.last_epoch_end_offset), (1, 2), "{vote:?}");
+    }
+}
+
 #[test]
 fn a_follower_caps_the_leaders_high_watermark_at_its_log_end() {
     let (mut node, corr) = follower_with_fetch();
