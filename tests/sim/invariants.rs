@@ -20,8 +20,8 @@
 //!    a client proposed, each at most once.
 //!
 //! Plus [`DurableTransitions`] (persist, then switch, then reply),
-//! [`DurableFetchOffsets`] (a Fetch acknowledges only what is on disk) and
-//! engine-contract checks made by the cluster itself.
+//! [`DurableFetchOffsets`] (a Fetch acknowledges, and a Vote claims, only
+//! what is on disk) and engine-contract checks made by the cluster itself.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -65,6 +65,7 @@ pub const MONOTONICITY: &str = "5 monotonicity";
 pub const DURABILITY: &str = "6 durability";
 pub const DURABLE_TRANSITIONS: &str = "persist, then switch, then reply";
 pub const DURABLE_FETCH_OFFSET: &str = "a fetch offset is durable";
+pub const DURABLE_VOTE_CLAIM: &str = "a vote claims only the durable log";
 pub const ENGINE_CONTRACT: &str = "engine contract";
 pub const STORAGE_CONTRACT: &str = "storage contract";
 pub const LIVENESS: &str = "liveness";
@@ -582,6 +583,11 @@ impl DurableTransitions {
 /// "Voters fsync an appended batch before their next Fetch, which is their
 /// acknowledgement"; the engine holds observers to it too).
 ///
+/// A Vote (pre-vote or not) is held to the same: `last_epoch_end_offset`
+/// is at most the end of the durable prefix and `last_epoch` the epoch of
+/// the batch below it. The claim decides whether voters grant, and a crash
+/// takes back what was not flushed.
+///
 /// FetchSnapshot is not checked: its `position` is a read cursor into the
 /// leader's snapshot file, which the leader uses only to pick the next
 /// chunk (it records the fetcher alive, not its progress), so it
@@ -591,6 +597,9 @@ pub struct DurableFetchOffsets;
 
 impl DurableFetchOffsets {
     pub fn on_send(&self, n: &SimNode, to: NodeId, request: &RaftRequest) -> Check {
+        if let RaftRequest::Vote(v) = request {
+            return Self::vote_claim(n, to, v.last_epoch, v.last_epoch_end_offset);
+        }
         let RaftRequest::Fetch(f) = request else {
             return Ok(());
         };
@@ -621,6 +630,29 @@ impl DurableFetchOffsets {
                     "node {} sent node {to} a Fetch at offset {} with last fetched epoch {}, but the batch below \
                      that offset is of epoch {epoch_below:?}",
                     n.id, f.fetch_offset, f.last_fetched_epoch
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    fn vote_claim(n: &SimNode, to: NodeId, last_epoch: Epoch, end: Offset) -> Check {
+        let durable_end = n.log.durable_prefix_end();
+        let epoch_below = match end {
+            0 => Some(0),
+            offset => n.log.find(offset - 1).map(|e| e.epoch),
+        };
+        if end > durable_end || epoch_below != Some(last_epoch) {
+            return fail(
+                DURABLE_VOTE_CLAIM,
+                format!(
+                    "node {} ({:?} in epoch {}) asked node {to} for a vote claiming a log of epoch {last_epoch} \
+                     ending at {end}, but only [0, {durable_end}) of its log is durable (log end {}) and the \
+                     batch below {end} is of epoch {epoch_below:?}",
+                    n.id,
+                    n.role.role,
+                    n.role.epoch,
+                    n.log.end()
                 ),
             );
         }
