@@ -23,7 +23,8 @@
 //! request still gets the answers before the connection is closed.
 //!
 //! Bounds: at most [`MAX_CONNECTIONS`] connections, at most
-//! [`MAX_IN_FLIGHT_PER_CONNECTION`] unanswered requests per connection, and
+//! [`MAX_IN_FLIGHT_PER_CONNECTION`] requests per connection not yet answered
+//! on the socket, and
 //! of those at most [`MAX_LOG_ANSWERS_PER_CONNECTION`] Fetch and
 //! FetchSnapshot requests, whose answers carry up to 1 MiB of log each
 //! (8 MiB when one batch is larger). The reader stops reading until a
@@ -54,7 +55,8 @@ use crate::raft::NodeId;
 /// Most connections the listener keeps open at once; more are refused.
 pub const MAX_CONNECTIONS: usize = 1024;
 
-/// Most requests of one connection the handler may hold unanswered.
+/// Most requests of one connection that the handler may hold unanswered
+/// or whose answers wait to be written.
 pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 256;
 
 /// Most Fetch and FetchSnapshot requests of one connection that the
