@@ -22,16 +22,14 @@
 //! and the connection stays open. A peer that half-closes after its last
 //! request still gets the answers before the connection is closed.
 //!
-//! Bounds: at most [`MAX_CONNECTIONS`] connections, at most
-//! [`MAX_IN_FLIGHT_PER_CONNECTION`] requests per connection not yet answered
-//! on the socket, and
-//! of those at most [`MAX_LOG_ANSWERS_PER_CONNECTION`] Fetch and
-//! FetchSnapshot requests, whose answers carry up to 1 MiB of log each
-//! (8 MiB when one batch is larger). The reader stops reading until a
-//! request is answered, and a Fetch or FetchSnapshot counts until its
-//! answer is written to the socket: a peer that sends fetches but never
-//! reads the answers holds at most that many answers in the node's memory,
-//! not 256 of them.
+//! Bounds: at most [`MAX_CONNECTIONS`] connections; per connection at most
+//! [`MAX_IN_FLIGHT_PER_CONNECTION`] requests whose answers are not yet
+//! written to the socket, and of those at most
+//! [`MAX_LOG_ANSWERS_PER_CONNECTION`] Fetch and FetchSnapshot requests,
+//! whose answers carry up to 1 MiB of log each (8 MiB when one batch is
+//! larger). Past either bound the reader stops reading, which pushes back
+//! on the peer through TCP: a peer that sends fetches but never reads the
+//! answers holds at most 4 of them in the node's memory, not 256.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
