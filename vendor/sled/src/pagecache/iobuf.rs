@@ -1189,8 +1189,9 @@ fn seal_and_write_iobuf(
     if header::n_writers(sealed) == 0 {
         iobufs.config.global_error()?;
         trace!(
-            "asynchronously writing iobuf with lsn {} to log from maybe_seal",
-            lsn
+            "writing iobuf with lsn {} to log from maybe_seal ({})",
+            lsn,
+            if write_here { "on this thread" } else { "asynchronously" }
         );
         if write_here {
             if let Err(e) = iobufs.write_to_log(iobuf) {
