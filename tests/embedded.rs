@@ -211,13 +211,18 @@ fn data(text: &str) -> Vec<u8> {
     text.as_bytes().to_vec()
 }
 
-async fn start_cluster(ports: &[u16], dirs: &[tempfile::TempDir]) -> Vec<Option<NodeHandle>> {
+/// Three voters on fresh ports and data directories. The directories are
+/// deleted when the returned `TempDir`s drop: keep them until the nodes
+/// have shut down.
+async fn start_cluster() -> (Vec<tempfile::TempDir>, Vec<Option<NodeHandle>>) {
+    let ports = free_ports(3);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let mut nodes = Vec::new();
     for (i, dir) in dirs.iter().enumerate() {
-        let config = controller_config(i as NodeId + 1, ports, dir.path());
+        let config = controller_config(i as NodeId + 1, &ports, dir.path());
         nodes.push(Some(node::start(config).await.expect("node starts")));
     }
-    nodes
+    (dirs, nodes)
 }
 
 async fn shutdown_all(nodes: &mut [Option<NodeHandle>]) {
@@ -235,9 +240,7 @@ async fn shutdown_all(nodes: &mut [Option<NodeHandle>]) {
 #[actix_rt::test]
 async fn three_nodes_elect_a_leader_and_commit_appends_from_any_node_to_every_listener() {
     init_tracing();
-    let ports = free_ports(3);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut nodes = start_cluster(&ports, &dirs).await;
+    let (_dirs, mut nodes) = start_cluster().await;
     let mut seen = Vec::new();
     for node in nodes.iter().flatten() {
         seen.push(register_collector(node).await);
@@ -381,9 +384,7 @@ async fn three_nodes_elect_a_leader_and_commit_appends_from_any_node_to_every_li
 #[actix_rt::test]
 async fn a_gracefully_stopped_leader_is_replaced_and_committed_records_stay_readable() {
     init_tracing();
-    let ports = free_ports(3);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut nodes = start_cluster(&ports, &dirs).await;
+    let (_dirs, mut nodes) = start_cluster().await;
 
     let (leader, epoch) = agreed_leader(&nodes, 0).await;
     let mut acknowledged: Vec<(Appended, String)> = Vec::new();
@@ -990,9 +991,7 @@ async fn a_listener_whose_read_failed_retries_and_catches_up() {
 #[actix_rt::test]
 async fn appends_handed_over_together_are_answered_each_on_its_own() {
     init_tracing();
-    let ports = free_ports(3);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut nodes = start_cluster(&ports, &dirs).await;
+    let (_dirs, mut nodes) = start_cluster().await;
     let (leader, _) = agreed_leader(&nodes, 0).await;
     let both = nodes[leader]
         .as_ref()
@@ -1083,9 +1082,7 @@ async fn appends_handed_over_together_are_written_as_one_batch() {
 #[actix_rt::test]
 async fn an_append_too_large_for_a_batch_is_rejected_on_a_follower_as_on_the_leader() {
     init_tracing();
-    let ports = free_ports(3);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut nodes = start_cluster(&ports, &dirs).await;
+    let (_dirs, mut nodes) = start_cluster().await;
     // 17.6 MB as a forwarded frame (above the default 16 MiB), 26.4 MB as
     // a batch (above 8 MiB).
     let records = vec![Vec::new(); 2_200_000];
