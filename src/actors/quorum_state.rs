@@ -72,8 +72,9 @@ const MAX_CLIENT_READS: usize = 32;
 /// storage thread or the snapshot reader); past it a fetch is answered
 /// with KAFKA_STORAGE_ERROR, which the fetcher retries after its backoff.
 /// Every follower and observer has one fetch in flight; peers can send far
-/// more (256 per connection), and they must never fill the bounded queue
-/// the log's own writes need (a write it refuses stops the node).
+/// more (4 per connection, `transport::MAX_LOG_ANSWERS_PER_CONNECTION`, over
+/// up to 1024 connections), and they must never fill the bounded queue the
+/// log's own writes need (a write it refuses stops the node).
 const MAX_FETCH_READS: usize = 1024;
 /// Longest a graceful shutdown waits for its EndQuorumEpoch sends.
 pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
