@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::disk::{self, MachineLimits};
 use crate::etcd::{self, EtcdCluster, PutClient};
+use crate::http_stub::StubServer;
 use crate::kraft_cluster::{self, AppendClient, KraftCluster};
 use crate::load::{self, LoadResult, Window};
 use crate::plot;
@@ -22,6 +23,7 @@ const POINT_PROBE: Duration = Duration::from_millis(500);
 
 pub struct ClusterOptions {
     pub peers: bool,
+    pub http_ceiling: bool,
     pub window: Window,
     pub concurrency: Vec<usize>,
     pub runs: usize,
@@ -42,6 +44,9 @@ pub enum System {
     Etcd,
     #[serde(rename = "ZooKeeper")]
     ZooKeeper,
+    /// Not a quorum: the HTTP ceiling (see http_stub).
+    #[serde(rename = "HTTP stub")]
+    HttpStub,
 }
 
 impl System {
@@ -50,6 +55,7 @@ impl System {
             System::Kraft => "kraft",
             System::Etcd => "etcd",
             System::ZooKeeper => "ZooKeeper",
+            System::HttpStub => "HTTP stub",
         }
     }
 }
@@ -144,6 +150,9 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
     let mut systems = vec![System::Kraft];
     if options.peers {
         systems.extend([System::Etcd, System::ZooKeeper]);
+    }
+    if options.http_ceiling {
+        systems.push(System::HttpStub);
     }
     std::fs::create_dir_all(&options.out)
         .with_context(|| format!("cannot create the results directory {}", options.out.display()))?;
@@ -368,6 +377,13 @@ async fn measure_point(
                 }
                 Ok(load::run(clients, window, &ensemble.pids()).await)
             }
+            System::HttpStub => {
+                let mut stub = StubServer::start(root)?;
+                let addr = stub.wait_ready().await?;
+                leader = Some(format!("http://{addr} (a stub that answers at once, one worker)"));
+                let clients = (0..concurrency).map(|i| AppendClient::new(addr, i, values)).collect();
+                Ok(load::run(clients, window, &stub.pids()).await)
+            }
         }
     }
     .await;
@@ -490,5 +506,8 @@ fn print_ratios(ratios: &[Ratio]) {
             show(r.ops_per_sec),
             show(r.p99)
         );
+    }
+    if ratios.iter().any(|r| r.peer == System::HttpStub) {
+        println!("(kraft/HTTP stub: the share of the HTTP ceiling kraft reaches; the stub answers at once, no quorum, no disk)");
     }
 }

@@ -15,12 +15,15 @@
 //!   seconds).
 //! - `limits`: only the machine's limits (fdatasync, loopback round trip).
 //! - `plot`: redraws the chart of a `cluster` results JSON.
+//! - `http-stub` (hidden): the HTTP ceiling's server, started by `cluster
+//!   --http-ceiling`.
 
 mod disk;
 mod embedded;
 mod etcd;
 mod harness;
 mod http;
+mod http_stub;
 mod kraft_cluster;
 mod load;
 mod plot;
@@ -64,6 +67,12 @@ enum Command {
         /// A cluster-<time>.json file.
         results: PathBuf,
     },
+    /// The HTTP ceiling's stub server (started by `cluster --http-ceiling`): answers POST /v1/append at once.
+    #[command(hide = true)]
+    HttpStub {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+    },
 }
 
 #[derive(Args)]
@@ -89,6 +98,9 @@ struct ClusterArgs {
     /// Also benchmark a 3-member etcd cluster and a 3-server ZooKeeper ensemble (scripts/install-bench-peers.sh).
     #[arg(long)]
     peers: bool,
+    /// Also drive a stub actix-web server (one worker) that answers POST /v1/append at once: the most kraft's HTTP API could give here.
+    #[arg(long)]
+    http_ceiling: bool,
     /// Measured seconds per point.
     #[arg(long, default_value_t = 15.0)]
     duration_secs: f64,
@@ -251,7 +263,7 @@ fn main() -> ExitCode {
         Command::State(args) => args.cluster.keep_data,
         Command::Soak(args) => args.cluster.keep_data,
         Command::Limits(args) => args.keep_data,
-        Command::Plot { .. } => false,
+        Command::Plot { .. } | Command::HttpStub { .. } => false,
     };
     procs::keep_data(keep_data);
     let outcome = match cli.command {
@@ -261,6 +273,7 @@ fn main() -> ExitCode {
         Command::Soak(args) => soak(args),
         Command::Limits(args) => limits(args),
         Command::Plot { results } => harness::replot(&results).map(|svg| println!("chart: {}", svg.display())),
+        Command::HttpStub { listen } => http_stub::serve(listen),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -279,6 +292,7 @@ fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.runs > 0, "--runs must be above 0");
     let options = harness::ClusterOptions {
         peers: args.peers,
+        http_ceiling: args.http_ceiling,
         window: window(args.warmup_secs, args.duration_secs)?,
         concurrency: args.concurrency,
         runs: args.runs,
