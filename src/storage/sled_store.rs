@@ -1942,6 +1942,65 @@ mod tests {
         assert!(store.log.is_empty(), "the damaged value was removed");
     }
 
+    /// sled's segment size (its default; kraft does not change it).
+    const SLED_SEGMENT_BYTES: u64 = 512 * 1024;
+
+    /// `records` batches of 4 records of 1000 bytes, from offset `base`,
+    /// appended and flushed every 50.
+    fn append_kilobyte_batches(store: &mut SledStore, base: Offset, records: usize) -> Vec<Batch> {
+        let written: Vec<Batch> = (0..records)
+            .map(|i| {
+                let value = vec![(i % 251) as u8; 1000];
+                Batch::new(base + 4 * i as Offset, 1, &vec![Record::Data(value); 4])
+            })
+            .collect();
+        for (i, b) in written.iter().enumerate() {
+            store.append(b).unwrap();
+            if i % 50 == 49 {
+                store.flush().unwrap();
+            }
+        }
+        store.flush().unwrap();
+        written
+    }
+
+    #[test]
+    fn the_data_file_is_written_with_zeros_ahead_of_the_log_and_reopens_past_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let data_file = dir.path().join(SLED_SUBDIR).join(DATA_FILE);
+        let mut store = SledStore::open(dir.path(), "c", 1).unwrap();
+        // ~3.5 MB of records: several segments.
+        let mut written = append_kilobyte_batches(&mut store, 0, 800);
+        drop(store);
+
+        // vendor/sled (KRAFT.md, change 4): new segments land in blocks
+        // written with zeros beforehand, so the file ends in whole segments
+        // of zeros rather than at the last byte sled wrote.
+        let bytes = std::fs::read(&data_file).unwrap();
+        let len = bytes.len() as u64;
+        assert_eq!(
+            len % SLED_SEGMENT_BYTES,
+            0,
+            "the file ends on a segment boundary: {len}"
+        );
+        let last_segment = &bytes[(len - SLED_SEGMENT_BYTES) as usize..];
+        assert!(
+            last_segment.iter().all(|b| *b == 0),
+            "the file's last segment is zeros ahead of the log"
+        );
+
+        // sled reads the zeros as the end of its log, twice over.
+        for round in 0..2 {
+            let mut store = SledStore::open(dir.path(), "c", 1).unwrap();
+            let end = store.end_offset();
+            assert_eq!(end, 4 * written.len() as Offset, "round {round}");
+            assert_eq!(store.read(0, end, usize::MAX).unwrap(), written, "round {round}");
+            written.extend(append_kilobyte_batches(&mut store, end, 200));
+        }
+        let store = SledStore::open(dir.path(), "c", 1).unwrap();
+        assert_eq!(store.read(0, store.end_offset(), usize::MAX).unwrap(), written);
+    }
+
     #[test]
     fn a_reset_interrupted_by_a_crash_is_completed_at_open() {
         let dir = tempfile::tempdir().unwrap();

@@ -96,7 +96,16 @@ pub(crate) struct SegmentAccountant {
     segment_cleaner: SegmentCleaner,
     ordering: BTreeMap<Lsn, LogOffset>,
     async_truncations: BTreeMap<LogOffset, OneShot<Result<()>>>,
+    // kraft: the file holds written blocks (data or zeros) below this
+    // offset, and a fill running on a thread of its own writes zeros up to
+    // the offset it holds; see `zero_fill_ahead`.
+    zeroed_until: LogOffset,
+    zero_fill: Option<(LogOffset, OneShot<bool>)>,
 }
+
+/// kraft: a zero fill writes the file up to this many segments above the
+/// tip; the next one starts once less than one segment above it is left.
+const ZERO_FILL_SEGMENTS: LogOffset = 4;
 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SegmentCleaner {
@@ -133,6 +142,10 @@ impl SegmentCleaner {
 
 impl Drop for SegmentAccountant {
     fn drop(&mut self) {
+        // kraft: a fill still running when the accountant goes would write
+        // its zeros after the `Db` is gone, perhaps over segments a `Db`
+        // opened on the same file since then has written.
+        self.wait_for_zero_fill();
         for segment in &self.segments {
             let segment_utilization = match segment {
                 Segment::Free(_) | Segment::Draining(_) => 0,
@@ -485,9 +498,14 @@ impl SegmentAccountant {
             segment_cleaner,
             ordering: BTreeMap::default(),
             async_truncations: BTreeMap::default(),
+            zeroed_until: 0,
+            zero_fill: None,
         };
 
         ret.initialize_from_snapshot(snapshot)?;
+        // kraft: below the tip, the file holds what sled wrote; above it,
+        // segments recovery just freed, possibly still being truncated.
+        ret.zeroed_until = ret.config.file.metadata()?.len().min(ret.tip);
 
         if let Some(max_free) = ret.free.iter().max() {
             assert!(
@@ -997,7 +1015,79 @@ impl SegmentAccountant {
 
         trace!("advancing file tip from {} to {}", lid, self.tip);
 
+        self.zero_fill_ahead(lid);
+
         Ok(lid)
+    }
+
+    /// kraft: keeps the file written with zeros a few segments ahead of the
+    /// tip, so that new segments land in blocks the file already has.
+    ///
+    /// Every `Db::flush` writes the I/O buffer past the end of the data so
+    /// far. Into a growing file, the `fdatasync` that makes it durable must
+    /// also commit the new size and block allocation to the journal; into
+    /// blocks already written it writes the data alone (vendor/sled/KRAFT.md
+    /// has the figures). Zeros are what sled reads past
+    /// its tail anyway (`MessageKind::Corrupted`, a segment header that
+    /// does not check out), and recovery zeroes, frees and truncates the
+    /// segments nothing refers to, so the fill changes nothing sled reads.
+    ///
+    /// The fill runs on a thread of its own and only ever covers segments
+    /// at or above the tip, which nothing uses: `lid`, the segment just taken,
+    /// is handed out only once no fill over it is still running, and a
+    /// truncation waits for a running fill first. A failed fill is only
+    /// logged: the segments it did not cover are written as before.
+    fn zero_fill_ahead(&mut self, lid: LogOffset) {
+        let segment_size = self.config.segment_size as LogOffset;
+        if lid + segment_size > self.zeroed_until {
+            self.wait_for_zero_fill();
+        }
+        let low_water = self.tip + segment_size;
+        if self.zero_fill.is_some() || self.zeroed_until >= low_water {
+            return;
+        }
+        let from = self.zeroed_until.max(self.tip);
+        let until = self.tip + ZERO_FILL_SEGMENTS * segment_size;
+        let config = self.config.clone();
+        let (filler, promise) = OneShot::pair();
+        let fill = move || {
+            let zeros = vec![0_u8; usize::try_from(until - from).unwrap()];
+            match pwrite_all(&config.file, &zeros, from)
+                .and_then(|()| config.file.sync_data())
+            {
+                Ok(()) => {
+                    trace!("zero-filled the file from {} to {}", from, until);
+                    true
+                }
+                Err(e) => {
+                    warn!(
+                        "could not zero-fill the file from {} to {}: {}",
+                        from, until, e
+                    );
+                    false
+                }
+            }
+        };
+        // Its own thread, not sled's pool: a `bump_tip` that waits for the
+        // fill holds the accountant's lock, which the pool's writers may be
+        // blocked on.
+        let spawned = std::thread::Builder::new()
+            .name("sled-zero-fill".into())
+            .spawn(move || filler.fill(fill()));
+        match spawned {
+            Ok(_) => self.zero_fill = Some((until, promise)),
+            Err(e) => warn!("could not start a zero fill: {}", e),
+        }
+    }
+
+    /// kraft: waits for the running zero fill, if any, and counts what it
+    /// wrote.
+    fn wait_for_zero_fill(&mut self) {
+        if let Some((until, promise)) = self.zero_fill.take() {
+            if promise.wait() == Some(true) {
+                self.zeroed_until = self.zeroed_until.max(until);
+            }
+        }
     }
 
     /// Returns the next offset to write a new segment in.
@@ -1086,7 +1176,10 @@ impl SegmentAccountant {
             "new length must be io-buf-len aligned"
         );
 
+        // kraft: the fill must not write above `at` after set_len cut it.
+        self.wait_for_zero_fill();
         self.tip = at;
+        self.zeroed_until = self.zeroed_until.min(at);
 
         assert!(!self.free.contains(&at), "double-free of a segment occurred");
 
