@@ -1975,19 +1975,24 @@ mod tests {
 
         // vendor/sled (KRAFT.md, change 4): new segments land in blocks
         // written with zeros beforehand, so the file ends in whole segments
-        // of zeros rather than at the last byte sled wrote.
-        let bytes = std::fs::read(&data_file).unwrap();
-        let len = bytes.len() as u64;
-        assert_eq!(
-            len % SLED_SEGMENT_BYTES,
-            0,
-            "the file ends on a segment boundary: {len}"
-        );
-        let last_segment = &bytes[(len - SLED_SEGMENT_BYTES) as usize..];
-        assert!(
-            last_segment.iter().all(|b| *b == 0),
-            "the file's last segment is zeros ahead of the log"
-        );
+        // of zeros rather than at the last byte sled wrote. The last fill
+        // runs on a thread of its own and sled lets go of the file after
+        // `drop` returns, so this waits for the fill to be seen (bounded).
+        let ends_in_a_zero_segment = || {
+            let bytes = std::fs::read(&data_file).unwrap();
+            let len = bytes.len() as u64;
+            len >= SLED_SEGMENT_BYTES
+                && len % SLED_SEGMENT_BYTES == 0
+                && bytes[(len - SLED_SEGMENT_BYTES) as usize..].iter().all(|b| *b == 0)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !ends_in_a_zero_segment() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the file ends in a whole segment of zeros ahead of the log"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
 
         // sled reads the zeros as the end of its log, twice over.
         for round in 0..2 {
