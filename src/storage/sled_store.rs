@@ -1982,7 +1982,7 @@ mod tests {
             let bytes = std::fs::read(&data_file).unwrap();
             let len = bytes.len() as u64;
             len >= SLED_SEGMENT_BYTES
-                && len % SLED_SEGMENT_BYTES == 0
+                && len.is_multiple_of(SLED_SEGMENT_BYTES)
                 && bytes[(len - SLED_SEGMENT_BYTES) as usize..].iter().all(|b| *b == 0)
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
