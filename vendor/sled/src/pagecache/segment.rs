@@ -1027,16 +1027,17 @@ impl SegmentAccountant {
     /// far. Into a growing file, the `fdatasync` that makes it durable must
     /// also commit the new size and block allocation to the journal; into
     /// blocks already written it writes the data alone (vendor/sled/KRAFT.md
-    /// has the figures). Zeros are what sled reads past
-    /// its tail anyway (`MessageKind::Corrupted`, a segment header that
-    /// does not check out), and recovery zeroes, frees and truncates the
-    /// segments nothing refers to, so the fill changes nothing sled reads.
+    /// has the figures). Zeros are what sled reads past its tail anyway
+    /// (`MessageKind::Corrupted`, a segment header that does not check
+    /// out), and recovery zeroes, frees and truncates the segments nothing
+    /// refers to, so the fill changes nothing sled reads.
     ///
     /// The fill runs on a thread of its own and only ever covers segments
-    /// at or above the tip, which nothing uses: `lid`, the segment just taken,
-    /// is handed out only once no fill over it is still running, and a
-    /// truncation waits for a running fill first. A failed fill is only
-    /// logged: the segments it did not cover are written as before.
+    /// at or above the tip, which nothing uses: `lid`, the segment just
+    /// taken, is handed out only once no fill over it is still running,
+    /// and a truncation waits for a running fill first. A failed fill is
+    /// only logged: the segments it did not cover are written as before.
+    /// A thread is spawned per fill, about once per 1.5 MiB of log.
     fn zero_fill_ahead(&mut self, lid: LogOffset) {
         let segment_size = self.config.segment_size as LogOffset;
         if lid + segment_size > self.zeroed_until {
