@@ -51,8 +51,9 @@ pub mod defaults {
     pub const RAFT_LISTENER: &str = "127.0.0.1:9093";
     pub const HTTP_LISTENER: &str = "127.0.0.1:8080";
     pub const MAX_FRAME_BYTES: u64 = 16 * 1024 * 1024;
-    /// One HTTP worker thread (see `listeners.http_workers`).
-    pub const HTTP_WORKERS: usize = 1;
+    /// No HTTP worker threads: the API is served on the node's own thread
+    /// (see `listeners.http_workers`).
+    pub const HTTP_WORKERS: usize = 0;
     pub const VOTERS: &[&str] = &["1@127.0.0.1:9093"];
     pub const ELECTION_TIMEOUT_MS: u64 = 1000;
     pub const FETCH_TIMEOUT_MS: u64 = 2000;
@@ -165,7 +166,8 @@ pub struct ListenersConfig {
     pub http: SocketAddr,
     /// Largest frame accepted on the raft listener (default 16 MiB).
     pub max_frame_bytes: u64,
-    /// Threads serving the HTTP API, 1..=[`MAX_HTTP_WORKERS`] (default 1).
+    /// Worker threads serving the HTTP API, 0..=[`MAX_HTTP_WORKERS`];
+    /// 0 (the default) serves it on the node's own thread.
     pub http_workers: usize,
 }
 
@@ -698,9 +700,9 @@ impl Ctx<'_> {
             Some(v) => self.int(
                 "listeners.http_workers",
                 &v,
-                1,
+                0,
                 MAX_HTTP_WORKERS as i64,
-                &format!("an integer between 1 and {MAX_HTTP_WORKERS} (threads)"),
+                &format!("an integer between 0 (the node's own thread) and {MAX_HTTP_WORKERS} (threads)"),
             )? as usize,
         };
 

@@ -10,14 +10,18 @@
 //! start or fails, 2 for a bad command line, config file or value.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use actix_rt::task::JoinHandle;
+use actix_web::dev::ServerHandle;
 use clap::{Parser, Subcommand};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
+use kraft::api::LocalHttpServer;
 use kraft::config::Config;
 use kraft::node::{self, NodeHandle};
 
@@ -150,25 +154,19 @@ async fn run(config: Config) -> u8 {
             return 1;
         }
     };
-    let (server, bound_http) = match kraft::api::http_server_with(
-        handle.clone(),
-        http_addr,
-        config.log.max_batch_bytes,
-        config.listeners.http_workers,
-    ) {
-        Ok(bound) => bound,
+    let mut api = match Api::bind(&handle, &config) {
+        Ok(api) => api,
         Err(err) => {
             eprintln!("kraft: node {node_id} cannot bind the http listener on {http_addr}: {err}");
             shut_down(&handle).await;
             return 1;
         }
     };
-    let server_handle = server.handle();
-    let mut server_task = actix_rt::spawn(server);
     // Tests parse this line to learn ephemeral ports: keep its shape.
     eprintln!(
-        "kraft node {node_id}: raft on {}, http on {bound_http}",
-        handle.raft_addr()
+        "kraft node {node_id}: raft on {}, http on {}",
+        handle.raft_addr(),
+        api.addr()
     );
 
     let code = tokio::select! {
@@ -180,12 +178,8 @@ async fn run(config: Config) -> u8 {
             eprintln!("kraft: node {node_id} stopped on its own (see the log above); exiting");
             1
         }
-        result = &mut server_task => {
-            match result {
-                Ok(Ok(())) => eprintln!("kraft: node {node_id}: http server stopped unexpectedly"),
-                Ok(Err(err)) => eprintln!("kraft: node {node_id}: http server failed: {err}"),
-                Err(err) => eprintln!("kraft: node {node_id}: http server task failed: {err}"),
-            }
+        failure = api.failed() => {
+            eprintln!("kraft: node {node_id}: {failure}");
             1
         }
     };
@@ -199,9 +193,73 @@ async fn run(config: Config) -> u8 {
             return 1;
         }
     }
-    server_handle.stop(true).await;
+    api.stop().await;
     tracing::info!("node {node_id} stopped");
     code
+}
+
+/// The HTTP API, served as `listeners.http_workers` asks.
+enum Api {
+    /// On this thread, the node's (`http_workers = 0`).
+    Here(LocalHttpServer, SocketAddr),
+    /// On worker threads of its own.
+    Workers {
+        server: ServerHandle,
+        task: JoinHandle<std::io::Result<()>>,
+        addr: SocketAddr,
+    },
+}
+
+impl Api {
+    fn bind(handle: &NodeHandle, config: &Config) -> std::io::Result<Api> {
+        let (http, max_body_bytes) = (config.listeners.http, config.log.max_batch_bytes);
+        Ok(match config.listeners.http_workers {
+            0 => {
+                let (server, addr) = kraft::api::http_server_here(handle.clone(), http, max_body_bytes)?;
+                Api::Here(server, addr)
+            }
+            workers => {
+                let (server, addr) = kraft::api::http_server_with(handle.clone(), http, max_body_bytes, workers)?;
+                Api::Workers {
+                    server: server.handle(),
+                    task: actix_rt::spawn(server),
+                    addr,
+                }
+            }
+        })
+    }
+
+    fn addr(&self) -> SocketAddr {
+        match self {
+            Api::Here(_, addr) | Api::Workers { addr, .. } => *addr,
+        }
+    }
+
+    /// Resolves, with what happened, only if the server stops on its own.
+    async fn failed(&mut self) -> String {
+        match self {
+            // It logs accept errors and goes on: it ends on its own only
+            // if it could not be set up.
+            Api::Here(server, _) => {
+                server.ended().await;
+                "http server could not be set up (see the log above)".to_owned()
+            }
+            Api::Workers { task, .. } => match task.await {
+                Ok(Ok(())) => "http server stopped unexpectedly".to_owned(),
+                Ok(Err(err)) => format!("http server failed: {err}"),
+                Err(err) => format!("http server task failed: {err}"),
+            },
+        }
+    }
+
+    /// Stops accepting, lets in-flight requests finish (bounded) and
+    /// resolves once the server is down.
+    async fn stop(self) {
+        match self {
+            Api::Here(server, _) => server.stop().await,
+            Api::Workers { server, .. } => server.stop(true).await,
+        }
+    }
 }
 
 async fn shut_down(handle: &NodeHandle) {

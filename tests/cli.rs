@@ -386,18 +386,19 @@ fn actix_threads(pid: u32) -> usize {
 #[test]
 fn listeners_http_workers_sets_the_number_of_http_threads() {
     let mut threads = Vec::new();
-    for workers in [1, 3] {
+    for workers in [0, 1, 3] {
         let dir = tempfile::tempdir().unwrap();
         let (config, mut overrides) = single_node(dir.path(), 1, ports::free_addr());
         overrides.push(format!("listeners.http_workers={workers}"));
         let node = Kraft::start(&config, &overrides);
         node.wait_for_leadership();
-        node.append(&format!("served by one of {workers}"));
+        node.append(&format!("served by {workers} worker threads"));
         threads.push(actix_threads(node.child.id()));
     }
+    // 0 serves the API on the node's own thread: no worker thread at all.
     assert_eq!(
-        threads[1],
-        threads[0] + 2,
-        "actix threads with 1 and 3 HTTP workers: {threads:?}"
+        threads,
+        [threads[0], threads[0] + 1, threads[0] + 3],
+        "actix threads with 0, 1 and 3 HTTP workers"
     );
 }

@@ -37,7 +37,7 @@ fn empty_file_gives_the_documented_defaults() {
     assert_eq!(config.listeners.raft.to_string(), "127.0.0.1:9093");
     assert_eq!(config.listeners.http.to_string(), "127.0.0.1:8080");
     assert_eq!(config.listeners.max_frame_bytes, 16_777_216);
-    assert_eq!(config.listeners.http_workers, 1);
+    assert_eq!(config.listeners.http_workers, 0);
     assert_eq!(config.quorum.voters.len(), 1);
     assert_eq!(config.quorum.voters[&1], "127.0.0.1:9093");
     assert_eq!(config.quorum.election_timeout_ms, 1000);
@@ -124,7 +124,7 @@ fn every_bad_value_names_its_key() {
         ("[listeners]\nmax_frame_bytes = 0", "listeners.max_frame_bytes"),
         ("[listeners]\nmax_frame_bytes = 1024", "listeners.max_frame_bytes"),
         ("[listeners]\nmax_frame_bytes = 5000000000", "listeners.max_frame_bytes"),
-        ("[listeners]\nhttp_workers = 0", "listeners.http_workers"),
+        ("[listeners]\nhttp_workers = -1", "listeners.http_workers"),
         ("[listeners]\nhttp_workers = 65", "listeners.http_workers"),
         ("[listeners]\nhttp_workers = \"two\"", "listeners.http_workers"),
         ("[quorum]\nvoters = []", "quorum.voters"),

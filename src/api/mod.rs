@@ -22,6 +22,7 @@
 
 mod error;
 mod funnel;
+mod local;
 pub mod metrics;
 
 use std::future::Future;
@@ -36,6 +37,7 @@ use serde_json::json;
 
 pub use error::ApiError;
 use funnel::AppendFunnel;
+pub use local::LocalHttpServer;
 
 use crate::actors::quorum_state::AppendReply;
 use crate::messages::MAX_BATCH_BYTES;
@@ -77,6 +79,20 @@ pub fn http_server_with(
     workers: usize,
 ) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
     serve(handle, addr, max_body_bytes, workers.max(1))
+}
+
+/// Binds the HTTP API for `handle` on `addr` and serves it on the current
+/// thread, which must run an actix runtime: started on the node's own
+/// thread, appends reach the node without crossing threads (see
+/// [`LocalHttpServer`]). The body cap is `max_body_bytes`, as in
+/// [`http_server_with`]; idle connections close after 5 s, as with
+/// actix-web's server. Returns the running server and the bound address.
+pub fn http_server_here(
+    handle: NodeHandle,
+    addr: SocketAddr,
+    max_body_bytes: usize,
+) -> std::io::Result<(LocalHttpServer, SocketAddr)> {
+    local::serve_here(handle, addr, max_body_bytes, local::KEEP_ALIVE)
 }
 
 /// What the handlers need from a node; [`NodeHandle`] in production, a fake

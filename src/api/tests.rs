@@ -3,11 +3,15 @@
 //! demand (NOT_LEADER, OUTCOME_UNKNOWN).
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::test::{call_service, init_service, read_body, TestRequest};
 use actix_web::App;
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
 
 use super::*;
 
@@ -18,6 +22,8 @@ struct FakeNode {
     append_result: Result<Appended, AppendError>,
     appended: Arc<Mutex<Vec<Vec<Vec<u8>>>>>,
     reads: Arc<Mutex<Vec<(Offset, usize)>>>,
+    /// When set, an append answers only once this is notified.
+    gate: Option<Arc<Notify>>,
 }
 
 impl FakeNode {
@@ -26,6 +32,7 @@ impl FakeNode {
             append_result,
             appended: Arc::default(),
             reads: Arc::default(),
+            gate: None,
         }
     }
 
@@ -56,6 +63,9 @@ fn status() -> QuorumStatus {
 impl NodeApi for FakeNode {
     async fn append(&self, records: Vec<Vec<u8>>) -> Result<Appended, AppendError> {
         self.appended.lock().unwrap().push(records);
+        if let Some(gate) = &self.gate {
+            gate.notified().await;
+        }
         self.append_result.clone()
     }
     async fn describe(&self) -> Result<QuorumStatus, NodeError> {
@@ -311,8 +321,46 @@ async fn unknown_routes_and_methods_answer_json() {
     assert!(node.appended.lock().unwrap().is_empty());
 }
 
-/// The real server on an ephemeral port: a body over the cap is answered
-/// 413 in JSON even though the client is still sending it.
+/// Over the wire to `addr` (blocking): three bodies over a 1 MiB cap, two
+/// with a Content-Length and one streamed, then one small append. Returns
+/// each status and JSON body.
+fn oversize_then_small(addr: SocketAddr) -> Vec<(u16, Value)> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let url = format!("http://{addr}/v1/append");
+    let big = format!(r#"{{"records": ["{}"]}}"#, "x".repeat(9 << 20));
+    let mut results = Vec::new();
+    for i in 0..3 {
+        let body = if i == 1 {
+            // No Content-Length: the limit trips while streaming.
+            reqwest::blocking::Body::new(std::io::Cursor::new(big.clone().into_bytes()))
+        } else {
+            reqwest::blocking::Body::from(big.clone())
+        };
+        let resp = client.post(&url).body(body).send().unwrap();
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().unwrap();
+        results.push((status, body));
+    }
+    let ok = client.post(&url).body(r#"{"records": ["a"]}"#).send().unwrap();
+    results.push((ok.status().as_u16(), ok.json().unwrap()));
+    results
+}
+
+/// The oversize bodies were answered 413 in JSON even though the client was
+/// still sending them, and only the small append reached the node.
+fn assert_only_the_small_append_passed(results: &[(u16, Value)], node: &FakeNode) {
+    for (status, body) in &results[..3] {
+        assert_eq!(*status, 413, "{body}");
+        assert_eq!(body["error"], "PAYLOAD_TOO_LARGE");
+    }
+    assert_eq!(results[3].0, 200, "{}", results[3].1);
+    assert_eq!(node.appended.lock().unwrap().len(), 1);
+}
+
+/// The server with a worker thread, on an ephemeral port.
 #[actix_rt::test]
 async fn served_oversize_bodies_are_413_over_the_wire() {
     let node = FakeNode::committed();
@@ -320,37 +368,106 @@ async fn served_oversize_bodies_are_413_over_the_wire() {
     assert_ne!(addr.port(), 0);
     let server_handle = server.handle();
     actix_rt::spawn(server);
-    let results = tokio::task::spawn_blocking(move || {
-        let client = reqwest::blocking::Client::builder()
-            .timeout(std::time::Duration::from_secs(20))
-            .build()
-            .unwrap();
-        let url = format!("http://{addr}/v1/append");
-        let big = format!(r#"{{"records": ["{}"]}}"#, "x".repeat(9 << 20));
-        let mut results = Vec::new();
-        for i in 0..3 {
-            let body = if i == 1 {
-                // No Content-Length: the limit trips while streaming.
-                reqwest::blocking::Body::new(std::io::Cursor::new(big.clone().into_bytes()))
-            } else {
-                reqwest::blocking::Body::from(big.clone())
-            };
-            let resp = client.post(&url).body(body).send().unwrap();
-            let status = resp.status().as_u16();
-            let body: Value = resp.json().unwrap();
-            results.push((status, body));
-        }
-        let ok = client.post(&url).body(r#"{"records": ["a"]}"#).send().unwrap();
-        results.push((ok.status().as_u16(), ok.json().unwrap()));
-        results
-    })
-    .await
-    .unwrap();
+    let results = tokio::task::spawn_blocking(move || oversize_then_small(addr))
+        .await
+        .unwrap();
     server_handle.stop(true).await;
-    for (status, body) in &results[..3] {
-        assert_eq!(*status, 413, "{body}");
-        assert_eq!(body["error"], "PAYLOAD_TOO_LARGE");
+    assert_only_the_small_append_passed(&results, &node);
+}
+
+/// The server on this thread answers the same way.
+#[actix_rt::test]
+async fn served_here_oversize_bodies_are_413_over_the_wire() {
+    let node = FakeNode::committed();
+    let (server, addr) =
+        local::serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), 1 << 20, local::KEEP_ALIVE).unwrap();
+    assert_ne!(addr.port(), 0);
+    let results = tokio::task::spawn_blocking(move || oversize_then_small(addr))
+        .await
+        .unwrap();
+    server.stop().await;
+    assert_only_the_small_append_passed(&results, &node);
+}
+
+/// Reads one HTTP/1.1 response with a Content-Length body from `stream`;
+/// returns its head and body.
+async fn read_response(stream: &mut TcpStream) -> (String, String) {
+    let mut buf = Vec::new();
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let length: usize = head
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().unwrap())
+                })
+                .expect("a content-length");
+            if buf.len() >= end + 4 + length {
+                let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + length]).to_string();
+                return (head, body);
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert_ne!(n, 0, "connection closed mid-response after {buf:?}");
+        buf.extend_from_slice(&chunk[..n]);
     }
-    assert_eq!(results[3].0, 200);
-    assert_eq!(node.appended.lock().unwrap().len(), 1);
+}
+
+/// Stopping the server on this thread closes its listener and its idle
+/// keep-alive connections at once, but a request in flight still gets its
+/// answer before its connection closes and the stop completes.
+#[actix_rt::test]
+async fn stopping_the_server_here_answers_requests_in_flight_and_closes_idle_connections() {
+    let gate = Arc::new(Notify::new());
+    let node = FakeNode {
+        gate: Some(gate.clone()),
+        ..FakeNode::committed()
+    };
+    // Longer than the stop's drain: idle connections close only because
+    // the server stops.
+    let keep_alive = Duration::from_secs(600);
+    let (server, addr) = local::serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), 1024, keep_alive).unwrap();
+
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: kraft\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, _) = read_response(&mut idle).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+
+    let mut busy = TcpStream::connect(addr).await.unwrap();
+    let body = r#"{"records": ["a"]}"#;
+    let request = format!(
+        "POST /v1/append HTTP/1.1\r\nHost: kraft\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    busy.write_all(request.as_bytes()).await.unwrap();
+    // The append is with the node once the node has seen it.
+    while node.appended.lock().unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let stopping = actix_rt::spawn(server.stop());
+    // The idle connection is closed without waiting for the append.
+    let mut rest = Vec::new();
+    idle.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty(), "the idle connection got {rest:?}");
+    assert!(TcpStream::connect(addr).await.is_err(), "the listener is still open");
+    assert!(
+        !stopping.is_finished(),
+        "the stop did not wait for the request in flight"
+    );
+
+    gate.notify_one();
+    let (head, body) = read_response(&mut busy).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["base_offset"], 7);
+    let mut rest = Vec::new();
+    busy.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty(), "after the answer: {rest:?}");
+    stopping.await.unwrap();
 }

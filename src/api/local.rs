@@ -1,0 +1,196 @@
+//! The HTTP API served on the calling thread, without worker threads.
+//!
+//! actix-web's [`HttpServer`](actix_web::HttpServer) always runs its
+//! workers on threads of their own, so every append crosses from a worker
+//! to the node's actor thread and its answer crosses back: two thread
+//! wake-ups per hand-over, on a machine where waiting for a CPU costs as
+//! much as the commit itself (BENCHMARKS.md). [`LocalHttpServer`] accepts
+//! and serves the connections on the thread it is started on (the node's,
+//! in the server binary), with the same routes, limits and answers.
+//!
+//! Stopping is graceful: the listener closes at once, idle keep-alive
+//! connections are closed, requests in flight get their answers, and
+//! whatever is still open after [`SHUTDOWN_TIMEOUT_S`] is dropped.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use actix_rt::net::TcpStream;
+use actix_service::{map_config, IntoServiceFactory, Service, ServiceFactory, ServiceFactoryExt};
+use actix_web::dev::AppConfig;
+use actix_web::App;
+use tokio::net::TcpSocket;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::{routes, NodeApi, SHUTDOWN_TIMEOUT_S};
+
+/// Connections waiting to be accepted, as actix-web's `HttpServer`.
+const BACKLOG: u32 = 1024;
+/// How long an idle connection is kept open, as actix-web's `HttpServer`.
+pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// Longest a client may take to send a request's head, as actix-web's
+/// `HttpServer`.
+const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection is drained after the server decides to close it,
+/// as actix-web's `HttpServer` (actix-http's own default is 0: a client
+/// still sending an oversize body would see a reset instead of the 413).
+const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause after an accept error that is about the process (out of file
+/// descriptors, out of memory) rather than one connection, as actix-server.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(500);
+
+/// The API on one thread; see the module documentation. Dropping it stops
+/// it gracefully in the background; [`LocalHttpServer::stop`] waits for
+/// that to finish.
+pub struct LocalHttpServer {
+    stopping: watch::Sender<bool>,
+    /// The accepting task; `None` once [`LocalHttpServer::ended`] saw it end.
+    accept: Option<actix_rt::task::JoinHandle<()>>,
+}
+
+impl LocalHttpServer {
+    /// Closes the listener, lets in-flight requests finish (for at most
+    /// [`SHUTDOWN_TIMEOUT_S`]) and resolves once every connection is closed.
+    pub async fn stop(self) {
+        let _ = self.stopping.send(true);
+        if let Some(accept) = self.accept {
+            let _ = accept.await;
+        }
+    }
+
+    /// Resolves only if the server ends without being stopped, which
+    /// happens only when its routes cannot be set up (logged).
+    pub async fn ended(&mut self) {
+        match &mut self.accept {
+            Some(accept) => {
+                let _ = accept.await;
+                self.accept = None;
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Binds `addr` and serves the API for `node` on the current thread, which
+/// must run an actix (or tokio local) runtime, closing connections idle for
+/// `keep_alive`. Returns the server and the bound address (port 0 picks a
+/// free port).
+pub(crate) fn serve_here<N: NodeApi>(
+    node: N,
+    addr: SocketAddr,
+    max_body_bytes: usize,
+    keep_alive: Duration,
+) -> std::io::Result<(LocalHttpServer, SocketAddr)> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(BACKLOG)?;
+    let bound = listener.local_addr()?;
+    let (stopping, stop) = watch::channel(false);
+    let accept = actix_rt::spawn(run(listener, node, max_body_bytes, keep_alive, stop));
+    Ok((
+        LocalHttpServer {
+            stopping,
+            accept: Some(accept),
+        },
+        bound,
+    ))
+}
+
+/// Accepts until told to stop (or until the server is dropped), then
+/// drains the connections.
+async fn run<N: NodeApi>(
+    listener: tokio::net::TcpListener,
+    node: N,
+    max_body_bytes: usize,
+    keep_alive: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let drain = stop.clone();
+    let app = App::new().configure(move |cfg| routes(cfg, node, max_body_bytes));
+    let factory = actix_http::HttpService::build()
+        .keep_alive(keep_alive)
+        .client_request_timeout(CLIENT_REQUEST_TIMEOUT)
+        .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
+        // Each connection's dispatcher stops keeping its connection alive
+        // once this resolves: idle ones close, busy ones after answering.
+        // actix-web's own server uses this hook; actix-http hides it from
+        // its documentation, and Cargo.lock pins the version that has it.
+        .graceful_shutdown_signal(move || {
+            let mut drain = drain.clone();
+            async move {
+                let _ = drain.wait_for(|&stopping| stopping).await;
+            }
+        })
+        .h1(map_config(
+            app.into_factory().map_err(|err: actix_web::Error| err.error_response()),
+            // Only used to build URLs, which the API never does.
+            |_| AppConfig::default(),
+        ))
+        .tcp();
+    let service = match factory.new_service(()).await {
+        Ok(service) => Rc::new(service),
+        Err(()) => {
+            tracing::error!("the HTTP API could not be set up; it is not served");
+            return;
+        }
+    };
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    connections.spawn_local(serve_connection(service.clone(), stream));
+                }
+                Err(err) => {
+                    tracing::warn!("http: accept failed: {err}");
+                    if !is_per_connection(&err) {
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
+                }
+            },
+            // A send of `true` or a dropped server.
+            _ = stop.wait_for(|&stopping| stopping) => break,
+        }
+        // Finished connections are reaped here so the set stays small.
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(Duration::from_secs(SHUTDOWN_TIMEOUT_S), async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            "http: {} connection(s) still open after {SHUTDOWN_TIMEOUT_S} s; closing them",
+            connections.len()
+        );
+    }
+    // Dropping the set aborts what is left.
+}
+
+async fn serve_connection<S>(service: Rc<S>, stream: TcpStream)
+where
+    S: Service<TcpStream, Response = (), Error = actix_http::error::DispatchError>,
+{
+    // A client that goes away mid-request is its own business.
+    if let Err(err) = service.call(stream).await {
+        tracing::debug!("http: connection ended with {err}");
+    }
+}
+
+/// Accept errors that concern one connection (it was reset before it was
+/// accepted), after which the next accept can follow at once.
+fn is_per_connection(err: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset, Interrupted};
+    matches!(
+        err.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset | Interrupted
+    )
+}
