@@ -201,7 +201,7 @@ pub struct Listener {
 // ---------------------------------------------------------------------
 
 /// A running node. Cheap to clone; every clone drives the same node, from
-/// any thread (the HTTP workers use it from theirs).
+/// any thread (HTTP worker threads, when configured, use it from theirs).
 #[derive(Clone)]
 pub struct NodeHandle {
     inner: Arc<HandleInner>,
@@ -669,8 +669,8 @@ impl NodeHandle {
 
     /// Several appends handed to the node in one message, proposed in
     /// order; each outcome is sent to its own reply as [`NodeHandle::append`]
-    /// would resolve. The HTTP workers use it to cross to the node's thread
-    /// once for many requests. Appends a stopped node never took are
+    /// would resolve. The HTTP API uses it to hand many requests over at
+    /// once (one crossing to the node's thread, when it runs on a worker). Appends a stopped node never took are
     /// answered [`AppendError::Unavailable`]; a reply dropped unanswered
     /// means the node stopped after taking them: the outcome is unknown.
     pub fn append_each(&self, groups: Vec<(Vec<Vec<u8>>, AppendReply)>) {

@@ -1,11 +1,12 @@
 //! The HTTP ceiling: what the load generator reaches against an actix-web
 //! server that answers `POST /v1/append` at once, with no quorum and no disk.
 //!
-//! kraft's leader serves its API with actix-web on one worker thread
-//! (`listeners.http_workers = 1`). This stub is the same: actix-web 4, one
-//! worker, the same JSON body decoded with the same `deny_unknown_fields`
-//! rule, an answer of the same shape (`base_offset`, `last_offset`,
-//! `epoch`). Driven by the same clients as kraft, its ops/s is the most
+//! kraft's leader serves its API with actix-web's HTTP/1 service on one
+//! thread (by default the node's own, `listeners.http_workers = 0`; with 1,
+//! on one worker thread). This stub does its HTTP work on one thread too:
+//! actix-web 4 with one worker, the same JSON body decoded with the same
+//! `deny_unknown_fields` rule, an answer of the same shape (`base_offset`,
+//! `last_offset`, `epoch`). Driven by the same clients as kraft, its ops/s is the most
 //! kraft's HTTP API could give on this machine in the same run, and
 //! kraft's ops/s over it is the share of that ceiling the quorum leaves.
 //!

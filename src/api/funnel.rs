@@ -1,14 +1,16 @@
-//! `POST /v1/append` requests of one HTTP worker thread, handed to the node
+//! `POST /v1/append` requests of one HTTP thread, handed to the node
 //! together.
 //!
-//! Every append crosses from an HTTP worker thread to the node's actor
-//! thread and its answer crosses back. One message each way per request
-//! cost the leader more in thread wake-ups and context switches than in
-//! the quorum's own work (BENCHMARKS.md, "What limits the figures"). A
-//! funnel lives on each worker thread: the appends its connections decode
-//! in the same turn of the worker's event loop go over as one
-//! [`NodeApi::append_each`] message; each request still gets its own
-//! outcome (its own offsets, or its own error) as soon as it is known.
+//! With worker threads (`listeners.http_workers` ≥ 1) every append crosses
+//! from a worker to the node's actor thread and its answer crosses back.
+//! One message each way per request cost the leader more in thread
+//! wake-ups and context switches than in the quorum's own work
+//! (BENCHMARKS.md, "What limits the figures"). A funnel lives on each
+//! thread that serves the API (a worker, or the node's own thread): the
+//! appends its connections decode in the same turn of the thread's event
+//! loop go over as one [`NodeApi::append_each`] message, which the node
+//! proposes as one batch; each request still gets its own outcome (its
+//! own offsets, or its own error) as soon as it is known.
 //!
 //! A lone request goes alone: the funnel only waits for what is already
 //! runnable on the thread (one yield), never for a timer.

@@ -59,19 +59,21 @@ const SHUTDOWN_TIMEOUT_S: u64 = 5;
 /// not install signal handlers: stopping it is the caller's business
 /// (`server.handle().stop(true)`).
 pub fn http_server(handle: NodeHandle, addr: SocketAddr) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
-    http_server_with(handle, addr, MAX_BATCH_BYTES, crate::config::defaults::HTTP_WORKERS)
+    http_server_with(handle, addr, MAX_BATCH_BYTES, 1)
 }
 
 /// [`http_server`] with the request body capped at `max_body_bytes` (the
 /// server binary passes `log.max_batch_bytes`) and `workers` threads
 /// (`listeners.http_workers`, at least 1).
 ///
-/// One worker is the default: the API's own work per request is small, and
+/// Fewer workers are faster: the API's own work per request is small, and
 /// one thread hands all of its appends to the node together (one message,
 /// one batch), where several split them and each adds thread wake-ups. On
 /// the benchmark machine (2 cores, three nodes and the load generator) one
 /// worker gave 16-43% more appends per second at 256 clients than two, and
-/// a lower p99 at 1 and 8 clients (BENCHMARKS.md).
+/// a lower p99 at 1 and 8 clients; no worker at all
+/// ([`http_server_here`] on the node's thread, the binary's default) gave
+/// 8% more than one at 64 clients and 22% more at 256 (BENCHMARKS.md).
 pub fn http_server_with(
     handle: NodeHandle,
     addr: SocketAddr,
