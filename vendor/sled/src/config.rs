@@ -6,7 +6,7 @@ use std::{
     io::{BufRead, BufReader, ErrorKind, Read, Seek, Write},
     ops::Deref,
     path::{Path, PathBuf},
-    sync::atomic::AtomicUsize,
+    sync::atomic::{AtomicU64, AtomicUsize},
 };
 
 use crate::pagecache::{arr_to_u32, u32_to_arr, Lsn};
@@ -349,7 +349,11 @@ impl Config {
         let file = config.open_file()?;
 
         // seal config in a Config
-        let config = RunningConfig { inner: config, file: Arc::new(file) };
+        let config = RunningConfig {
+            inner: config,
+            file: Arc::new(file),
+            blobs_written: Arc::new(AtomicU64::new(0)),
+        };
 
         Db::start_inner(config)
     }
@@ -439,7 +443,11 @@ impl Config {
         });
 
         // seal config in a Config
-        RunningConfig { inner: self, file: Arc::new(file) }
+        RunningConfig {
+            inner: self,
+            file: Arc::new(file),
+            blobs_written: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     fn gen_temp_path() -> PathBuf {
@@ -785,6 +793,8 @@ impl Config {
 pub struct RunningConfig {
     inner: Config,
     pub(crate) file: Arc<File>,
+    /// Blob files written so far (kraft: see `Db::blobs_written`).
+    pub(crate) blobs_written: Arc<AtomicU64>,
 }
 
 #[allow(unsafe_code)]

@@ -237,6 +237,16 @@ impl Db {
         self.context.was_recovered()
     }
 
+    /// kraft: how many blob files (values and pages too large for the log,
+    /// written to files of their own under `blobs/` without a sync) this
+    /// `Db` has written since it was opened. A blob is counted once its
+    /// write is over, so a caller that reads this, then lists `blobs/` and
+    /// syncs what it finds, has synced every blob written so far if the
+    /// count has not moved when it next reads it.
+    pub fn blobs_written(&self) -> u64 {
+        self.context.blobs_written.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Generate a monotonic ID. Not guaranteed to be
     /// contiguous. Written to disk every `idgen_persist_interval`
     /// operations, followed by a blocking flush. During recovery, we

@@ -63,11 +63,23 @@ pub(crate) fn read_blob(
 }
 
 pub(crate) fn write_blob<T: Serialize>(
-    config: &Config,
+    config: &RunningConfig,
     kind: MessageKind,
     id: Lsn,
     item: &T,
 ) -> Result<()> {
+    // kraft: counted once the file's write is over, whether it succeeded or
+    // not, so that a caller who reads the count and then lists the blob
+    // directory sees, at its next reading, any blob it may have listed
+    // half-written or not at all (see `Db::blobs_written`).
+    struct CountWhenDone<'a>(&'a std::sync::atomic::AtomicU64);
+    impl Drop for CountWhenDone<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let _count = CountWhenDone(&config.blobs_written);
+
     let path = config.blob_path(id);
     let mut f =
         std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
