@@ -11,17 +11,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use kraft::api::http_server;
+use kraft::api::{http_server_here, LocalHttpServer};
 use kraft::config::Config;
 use kraft::node::{self, NodeHandle};
 
 /// Every wait in these tests is bounded by this.
 const WAIT: Duration = Duration::from_secs(20);
 
-/// A node and its HTTP server; [`TestNode::stop`] takes both down.
+/// A node and its HTTP server, served on the node's thread as the binary
+/// does by default; [`TestNode::stop`] takes both down.
 struct TestNode {
     handle: NodeHandle,
-    server: actix_web::dev::ServerHandle,
+    server: LocalHttpServer,
     base_url: String,
     _data_dir: tempfile::TempDir,
 }
@@ -31,13 +32,16 @@ impl TestNode {
         let data_dir = tempfile::tempdir().expect("tempdir");
         let config = single_node_config(data_dir.path());
         let handle = node::start(config).await.expect("node starts");
-        let (server, addr) = http_server(handle.clone(), "127.0.0.1:0".parse().unwrap()).expect("http binds");
+        let (server, addr) = http_server_here(
+            handle.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            kraft::messages::MAX_BATCH_BYTES,
+        )
+        .expect("http binds");
         assert_ne!(addr.port(), 0, "the bound address is returned, not the requested one");
-        let server_handle = server.handle();
-        actix_rt::spawn(server);
         let node = TestNode {
             handle,
-            server: server_handle,
+            server,
             base_url: format!("http://{addr}"),
             _data_dir: data_dir,
         };
@@ -76,7 +80,7 @@ impl TestNode {
 
     async fn stop(self) {
         self.handle.shutdown().await;
-        self.server.stop(true).await;
+        self.server.stop().await;
     }
 }
 
