@@ -227,6 +227,7 @@ enum Command {
         size: u64,
         position: u64,
         bytes: Vec<u8>,
+        written: oneshot::Sender<()>,
     },
     InstallSnapshot {
         id: SnapshotId,
@@ -928,20 +929,27 @@ impl LogAppender {
         Ok(rx)
     }
 
-    /// Writes a chunk of the snapshot being fetched from the leader.
+    /// Writes a chunk of the snapshot being fetched from the leader. The
+    /// receiver resolves once the chunk is in the file, or was refused (the
+    /// install then fails and the transfer starts over); the caller waits
+    /// for it before it takes the next chunk, so that a disk slower than the
+    /// network does not queue the snapshot in memory.
     pub fn write_snapshot_chunk(
         &self,
         id: SnapshotId,
         size: u64,
         position: u64,
         bytes: Vec<u8>,
-    ) -> Result<(), AppenderError> {
+    ) -> Result<oneshot::Receiver<()>, AppenderError> {
+        let (written, rx) = oneshot::channel();
         self.push(Command::WriteSnapshotChunk {
             id,
             size,
             position,
             bytes,
-        })
+            written,
+        })?;
+        Ok(rx)
     }
 
     /// Validates and installs the fetched snapshot, then replaces the log by
@@ -1193,7 +1201,11 @@ impl StorageThread {
                     size,
                     position,
                     bytes,
-                } => self.snapshots.write_chunk(id, size, position, &bytes),
+                    written,
+                } => {
+                    self.snapshots.write_chunk(id, size, position, &bytes);
+                    let _ = written.send(());
+                }
                 Command::InstallSnapshot { id, reply } => match self.finish_install(id) {
                     Ok(meta) => {
                         // Older snapshots end below the new log start.
@@ -1705,6 +1717,41 @@ mod tests {
             .is_err());
 
         drop(release);
+        assert!(matches!(
+            next_event(&mut events_rx),
+            Some(StorageEvent::Flushed { durable_end: 2, .. })
+        ));
+        block_on(appender.shutdown().unwrap()).unwrap();
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_fetched_snapshot_chunk_is_reported_written_only_once_it_is_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = SnapshotId {
+            end_offset: 4,
+            epoch: 1,
+        };
+        let (mut store, _) = store();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, gate) = std::sync::mpsc::channel::<()>();
+        store.gate = Some((entered_tx, gate));
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.path().into()), events).unwrap();
+        appender.append(batch(0, 1, 2)).unwrap();
+        appender.flush().unwrap();
+        entered.recv_timeout(LIVENESS_WAIT).expect("the flush started");
+
+        // Queued behind the held flush: not written, and not reported.
+        let bytes = vec![5u8; 4096];
+        let mut written = appender.write_snapshot_chunk(id, 1 << 20, 0, bytes.clone()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(written.try_recv(), Err(oneshot::error::TryRecvError::Empty));
+
+        drop(release);
+        block_on(written).expect("reported once written");
+        let part = dir.path().join(format!("{}.part", snapshot::file_name(id)));
+        assert_eq!(std::fs::read(&part).unwrap(), bytes, "the chunk is in the file");
         assert!(matches!(
             next_event(&mut events_rx),
             Some(StorageEvent::Flushed { durable_end: 2, .. })
