@@ -1660,6 +1660,28 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing left");
     }
 
+    /// A storage thread with snapshots in `dir`, held inside the flush of
+    /// its first batch until `release` is dropped.
+    fn held_in_a_flush(
+        dir: &Path,
+    ) -> (
+        LogAppender,
+        JoinHandle<()>,
+        std::sync::mpsc::Sender<()>,
+        mpsc::UnboundedReceiver<StorageEvent>,
+    ) {
+        let (mut store, _) = store();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, gate) = std::sync::mpsc::channel::<()>();
+        store.gate = Some((entered_tx, gate));
+        let (events, events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.into()), events).unwrap();
+        appender.append(batch(0, 1, 2)).unwrap();
+        appender.flush().unwrap();
+        entered.recv_timeout(LIVENESS_WAIT).expect("the flush started");
+        (appender, thread, release, events_rx)
+    }
+
     #[test]
     fn snapshot_chunks_are_served_while_the_storage_thread_is_held_in_a_flush() {
         let dir = tempfile::tempdir().unwrap();
@@ -1683,15 +1705,7 @@ mod tests {
         let file = std::fs::read(snapshot::path_of(dir.path(), id)).unwrap();
 
         // ...and the next one serves it while its flush hangs.
-        let (mut store, _) = store();
-        let (entered_tx, entered) = std::sync::mpsc::channel();
-        let (release, gate) = std::sync::mpsc::channel::<()>();
-        store.gate = Some((entered_tx, gate));
-        let (events, mut events_rx) = mpsc::unbounded_channel();
-        let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.path().into()), events).unwrap();
-        appender.append(batch(0, 1, 2)).unwrap();
-        appender.flush().unwrap();
-        entered.recv_timeout(LIVENESS_WAIT).expect("the flush started");
+        let (appender, thread, release, mut events_rx) = held_in_a_flush(dir.path());
         let mut reply = appender.read_snapshot_chunk(id, 0, 1 << 20).unwrap();
         let deadline = Instant::now() + LIVENESS_WAIT;
         let chunk = loop {
@@ -1732,15 +1746,7 @@ mod tests {
             end_offset: 4,
             epoch: 1,
         };
-        let (mut store, _) = store();
-        let (entered_tx, entered) = std::sync::mpsc::channel();
-        let (release, gate) = std::sync::mpsc::channel::<()>();
-        store.gate = Some((entered_tx, gate));
-        let (events, mut events_rx) = mpsc::unbounded_channel();
-        let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.path().into()), events).unwrap();
-        appender.append(batch(0, 1, 2)).unwrap();
-        appender.flush().unwrap();
-        entered.recv_timeout(LIVENESS_WAIT).expect("the flush started");
+        let (appender, thread, release, mut events_rx) = held_in_a_flush(dir.path());
 
         // Queued behind the held flush: not written, and not reported.
         let bytes = vec![5u8; 4096];
