@@ -289,6 +289,11 @@ pub struct QuorumState {
     snapshotting: bool,
     /// The newest batches sent to storage, for fetch reads at the log end.
     tail: TailCache,
+    /// A fetched snapshot chunk is on its way to the file: the next
+    /// FetchSnapshot answer waits in `held_chunk_answer` until it is.
+    chunk_unwritten: bool,
+    /// A FetchSnapshot answer held back while the last chunk is written.
+    held_chunk_answer: Option<RequestOutcome>,
 }
 
 impl QuorumState {
@@ -329,6 +334,8 @@ impl QuorumState {
             snapshots: peers.snapshots,
             snapshotting: false,
             tail: TailCache::new(TAIL_CACHE_BYTES),
+            chunk_unwritten: false,
+            held_chunk_answer: None,
             metrics: Metrics {
                 election_started_ms: Some(0),
                 ..Metrics::default()
@@ -554,13 +561,22 @@ impl QuorumState {
                         Err(e) => return self.fatal(ctx, format!("cannot queue a snapshot chunk: {e}")),
                     };
                     // The engine asks for the next chunk at once; its answer
-                    // is handled only once this one is in the file. Without
-                    // the wait, a disk slower than loopback queued the
+                    // reaches the engine only once this one is in the file.
+                    // Without that, a disk slower than loopback queued the
                     // snapshot at the storage thread (a joining observer's
                     // RSS peaked anywhere from 24 to 102 MiB with a 107 MiB
                     // snapshot). At most the chunk being written and the
-                    // next answer are held.
-                    ctx.wait(wrap_future::<_, Self>(written).map(|_, _, _| ()));
+                    // next answer are held, and every other message is
+                    // handled meanwhile.
+                    self.chunk_unwritten = true;
+                    ctx.spawn(wrap_future::<_, Self>(written).map(|_, act, ctx| {
+                        act.chunk_unwritten = false;
+                        if let Some(held) = act.held_chunk_answer.take() {
+                            let now = act.tick();
+                            act.deliver_outcome(now, held);
+                            act.drive(ctx);
+                        }
+                    }));
                 }
                 Action::InstallSnapshot(id) => {
                     self.tail.clear();
@@ -1239,6 +1255,21 @@ impl Handler<RequestOutcome> for QuorumState {
         if let Some(shutdown) = &mut self.shutting_down {
             shutdown.on_outcome(msg.correlation_id);
         }
+        if self.chunk_unwritten && matches!(msg.result, Ok(RaftResponse::FetchSnapshot(_))) {
+            // Handed to the engine once the last chunk is in the file (see
+            // `Action::WriteSnapshotChunk`). A newer answer replaces an
+            // older one: the engine has given up on that request.
+            self.held_chunk_answer = Some(msg);
+            return;
+        }
+        self.deliver_outcome(now, msg);
+        self.drive(ctx);
+    }
+}
+
+impl QuorumState {
+    /// Hands the outcome of an outbound request to the engine.
+    fn deliver_outcome(&mut self, now: u64, msg: RequestOutcome) {
         match msg.result {
             Ok(response) => self.node.handle_response(now, msg.from, msg.correlation_id, response),
             Err(e) => {
@@ -1250,7 +1281,6 @@ impl Handler<RequestOutcome> for QuorumState {
                 self.node.handle_request_failed(now, msg.from, msg.correlation_id);
             }
         }
-        self.drive(ctx);
     }
 }
 
