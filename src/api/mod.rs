@@ -64,7 +64,8 @@ pub fn http_server(handle: NodeHandle, addr: SocketAddr) -> std::io::Result<(act
 
 /// [`http_server`] with the request body capped at `max_body_bytes` (the
 /// server binary passes `log.max_batch_bytes`) and `workers` threads
-/// (`listeners.http_workers`, at least 1).
+/// (`listeners.http_workers` when it is 1 or more; 0 is taken as 1 here:
+/// the node's own thread is [`http_server_here`]).
 ///
 /// Fewer workers are faster: the API's own work per request is small, and
 /// one thread hands all of its appends to the node together (one message,
