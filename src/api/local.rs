@@ -52,7 +52,7 @@ pub struct LocalHttpServer {
 
 impl LocalHttpServer {
     /// Closes the listener, lets in-flight requests finish (for at most
-    /// [`SHUTDOWN_TIMEOUT_S`]) and resolves once every connection is closed.
+    /// 5 s) and resolves once every connection is closed.
     pub async fn stop(self) {
         let _ = self.stopping.send(true);
         if let Some(accept) = self.accept {

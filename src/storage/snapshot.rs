@@ -597,8 +597,8 @@ impl SnapshotWriter {
         Ok(())
     }
 
-    /// Bytes whose writeback this writer started before `freeze` (see
-    /// [`Writeback`]).
+    /// Bytes whose writeback this writer started before `freeze` (every
+    /// MiB is handed to the disk as it is written).
     pub fn writeback_started(&self) -> u64 {
         self.writeback.started
     }
