@@ -28,7 +28,7 @@
 //! (KIP-630: writing, installing one fetched from the leader) are handled
 //! here too, in order with the log's writes. Chunks of a snapshot served to
 //! fetchers, and reads below the log start, are read on a thread of their
-//! own ([`ChunkServer`]): a snapshot file never changes once written, and
+//! own (`ChunkServer`): a snapshot file never changes once written, and
 //! opening one validates all of it (~150 ms for 107 MiB), which must not
 //! hold up the log's appends and flushes.
 //!
@@ -917,7 +917,7 @@ impl LogAppender {
     }
 
     /// Reads a chunk of the local snapshot `id` for a FetchSnapshot answer,
-    /// on the [`ChunkServer`] thread when there is one: never queued behind
+    /// on the `ChunkServer` thread when there is one: never queued behind
     /// the log's writes and flushes, nor they behind it.
     pub fn read_snapshot_chunk(
         &self,

@@ -389,7 +389,10 @@ impl Writeback {
                 return Ok(());
             }
             let (Ok(offset), Ok(len)) = (i64::try_from(r.start), i64::try_from(r.end - r.start)) else {
-                return Ok(());
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("snapshot file range {r:?} is beyond what sync_file_range takes"),
+                ));
             };
             // SAFETY: a plain system call on an open descriptor; it reads
             // or writes no memory of ours.
@@ -1608,6 +1611,16 @@ mod tests {
             writeback.next(4 * mib + 5),
             Some((3 * mib + 5..4 * mib + 5, mib..3 * mib + 5))
         );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_writeback_range_beyond_what_the_kernel_takes_is_an_error_not_a_skip() {
+        let file = tempfile::tempfile().unwrap();
+        let beyond = 1u64 << 63;
+        Writeback::run(&file, 0..0, 0..0).unwrap();
+        assert!(Writeback::run(&file, beyond..beyond + 1, 0..0).is_err());
+        assert!(Writeback::run(&file, 0..0, beyond..beyond + 1).is_err());
     }
 
     #[test]
