@@ -329,8 +329,9 @@ pub struct CustomNode {
     pub store: Box<dyn AppenderStore>,
     /// Where snapshot files live; None keeps none (snapshots are refused).
     pub snapshot_dir: Option<PathBuf>,
-    /// How long each group of storage commands waits before it is applied
-    /// (the disk's latency, in the runtime's time).
+    /// How long a group of storage commands that holds a flush takes to
+    /// become durable, in the runtime's time (the disk's fsync latency):
+    /// the group is applied at once, its flush completes after this delay.
     pub flush_delay: Duration,
     /// Makes a sender of requests to the voters whose outcomes go to the
     /// recipient given; called once for the QuorumState and once for the
