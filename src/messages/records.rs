@@ -140,10 +140,12 @@ impl Batch {
         crc32c::crc32c_append(crc32c::crc32c(&header), payload)
     }
 
-    /// True when the stored CRC matches the contents.
+    /// True when the stored CRC matches the contents and the batch's
+    /// offsets are ones a log can hold (its last one below `i64::MAX`).
     pub fn verify(&self) -> bool {
         self.record_count >= 1
             && self.base_offset >= 0
+            && self.base_offset.checked_add(self.record_count as Offset).is_some()
             && self.crc == Self::checksum(self.base_offset, self.epoch, self.record_count, &self.payload)
     }
 

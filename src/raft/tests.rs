@@ -1552,6 +1552,25 @@ fn a_damaged_or_misplaced_batch_is_not_written() {
 }
 
 #[test]
+fn a_batch_whose_offsets_run_past_the_largest_offset_is_not_written() {
+    // A snapshot (from a leader that made one up) put our log end next to
+    // the largest offset; two more records do not fit below it.
+    let near_the_end = Offset::MAX - 1;
+    let election = ElectionState {
+        epoch: 1,
+        voted_for: Some(1),
+        leader_id: Some(1),
+    };
+    let log = LogView::new(near_the_end, 1, near_the_end, Vec::new());
+    let mut node = RaftNode::new(config(2, &[1, 2, 3]), election, log, 0, 7);
+    let (_, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
+    let past = Batch::new(near_the_end, 1, &[Record::NoOp, Record::NoOp]);
+    node.handle_response(5, 1, corr, data_response(1, near_the_end, vec![past]));
+    assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
+    assert_eq!(node.log().end_offset(), near_the_end);
+}
+
+#[test]
 fn divergence_truncates_to_the_common_prefix() {
     // Follower: epoch 1 [0,3), epoch 2 [3,6). Leader says epoch 1 ends at 3.
     let log = log_of(&[(1, 0), (2, 3)], 6);
