@@ -324,6 +324,8 @@ struct SnapshotFetch {
     id: SnapshotId,
     /// Bytes received so far (the position of the next FetchSnapshot).
     position: u64,
+    /// The size the first chunk gave; every later one must give the same.
+    size: Option<u64>,
     /// `InstallSnapshot` was emitted; waiting for the shell's report.
     installing: bool,
 }
@@ -2004,7 +2006,10 @@ impl RaftNode {
             }
         }
         let end = resp.position.checked_add(resp.bytes.len() as u64);
+        // A snapshot id names one file, so its size never changes: a chunk
+        // that says otherwise cannot continue the bytes written so far.
         let valid = resp.position == snapshot.position
+            && snapshot.size.is_none_or(|size| size == resp.size)
             && end.is_some_and(|end| end <= resp.size)
             && (!resp.bytes.is_empty() || resp.position == resp.size);
         if !valid {
@@ -2024,6 +2029,7 @@ impl RaftNode {
         f.fetch_deadline_ms = now + self.config.fetch_timeout_ms;
         f.next_fetch_ms = now;
         snapshot.position += resp.bytes.len() as u64;
+        snapshot.size = Some(resp.size);
         let id = snapshot.id;
         let done = snapshot.position == resp.size;
         snapshot.installing = done;
@@ -2196,6 +2202,7 @@ impl RaftNode {
             f.snapshot = Some(SnapshotFetch {
                 id,
                 position: 0,
+                size: None,
                 installing: false,
             });
             return;

@@ -2103,6 +2103,27 @@ fn a_bad_chunk_or_a_vanished_snapshot_restarts_from_a_fetch() {
 }
 
 #[test]
+fn a_chunk_that_changes_the_snapshots_size_restarts_from_a_fetch() {
+    let mut node = follower_behind_the_log_start();
+    let (corr, _) = next_request(&mut node);
+    node.handle_response(2, 2, corr, chunk(0, 10, 25));
+    // In order, and within the size it gives, but the first chunk said 25:
+    // these bytes belong to another file than the ones written.
+    let (corr, _) = next_request(&mut node);
+    node.handle_response(3, 2, corr, chunk(10, 10, 20));
+    let actions = node.take_actions();
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::WriteSnapshotChunk { .. } | Action::InstallSnapshot(_))),
+        "a chunk of another size is neither written nor installed: {actions:?}"
+    );
+    node.tick(1_000);
+    let (_, request) = next_request(&mut node);
+    assert!(matches!(request, RaftRequest::Fetch(_)), "{request:?}");
+}
+
+#[test]
 fn a_failed_install_fetches_the_snapshot_again() {
     let mut node = follower_behind_the_log_start();
     let id = SnapshotId {
