@@ -38,4 +38,6 @@ pub type Epoch = i32;
 pub type Offset = i64;
 
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod tests;
