@@ -1766,3 +1766,361 @@ mod tests {
         assert!(committed_entries(&[b], 3, 10, 100).is_err());
     }
 }
+
+#[cfg(test)]
+mod snapshot_fetch_tests {
+    //! The shell's side of fetching the leader's snapshot (KIP-630): a real
+    //! QuorumState over a real storage thread, whose leader and disk the
+    //! test plays.
+
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::actors::log_appender::NoHint;
+    use crate::config::Config;
+    use crate::messages::FetchSnapshotResponse;
+    use crate::raft::{ElectionState, Epoch, LogView, RaftConfig};
+    use crate::storage::snapshot::{self, SnapshotWriter};
+    use crate::storage::{self, LogStore, MemoryStore};
+
+    const LEADER: NodeId = 1;
+    const EPOCH: Epoch = 1;
+    const OBSERVER: NodeId = 100;
+    /// How long the test waits for something that must happen before it
+    /// calls it a hang (not a timing check).
+    const LIVENESS_WAIT: Duration = Duration::from_secs(30);
+
+    /// A flush told to hang: it says so on `held`, then waits until the
+    /// sender of `release` is dropped.
+    struct Stall {
+        held: oneshot::Sender<()>,
+        release: std::sync::mpsc::Receiver<()>,
+    }
+
+    /// A memory store on a disk that stalls when told to: a disk slower
+    /// than the network, which the storage thread waits for.
+    struct StallingDisk {
+        log: MemoryStore,
+        stall: Arc<Mutex<Option<Stall>>>,
+    }
+
+    impl LogStore for StallingDisk {
+        fn election_state(&self) -> storage::Result<ElectionState> {
+            self.log.election_state()
+        }
+        fn write_election_state(&mut self, state: &ElectionState) -> storage::Result<()> {
+            self.log.write_election_state(state)
+        }
+        fn append(&mut self, batch: &Batch) -> storage::Result<()> {
+            self.log.append(batch)
+        }
+        fn truncate(&mut self, end_offset: Offset) -> storage::Result<()> {
+            self.log.truncate(end_offset)
+        }
+        fn flush(&mut self) -> storage::Result<()> {
+            let stall = self.stall.lock().unwrap().take();
+            if let Some(Stall { held, release }) = stall {
+                let _ = held.send(());
+                let _ = release.recv();
+            }
+            self.log.flush()
+        }
+        fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> storage::Result<Vec<Batch>> {
+            self.log.read(from, until, max_bytes)
+        }
+        fn delete_before(&mut self, offset: Offset) -> storage::Result<()> {
+            self.log.delete_before(offset)
+        }
+        fn reset(&mut self, start_offset: Offset, start_epoch: Epoch) -> storage::Result<()> {
+            self.log.reset(start_offset, start_epoch)
+        }
+        fn start_offset(&self) -> Offset {
+            self.log.start_offset()
+        }
+        fn start_epoch(&self) -> Epoch {
+            self.log.start_epoch()
+        }
+        fn end_offset(&self) -> Offset {
+            self.log.end_offset()
+        }
+        fn epoch_cache(&self) -> Vec<(Epoch, Offset)> {
+            self.log.epoch_cache()
+        }
+    }
+
+    /// The observer's network: every request it sends lands in the test's
+    /// channel, for the test to answer as the leader.
+    struct Wire(mpsc::UnboundedSender<SendRequest>);
+
+    impl Actor for Wire {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<SendRequest> for Wire {
+        type Result = ();
+
+        fn handle(&mut self, msg: SendRequest, _ctx: &mut Self::Context) {
+            let _ = self.0.send(msg);
+        }
+    }
+
+    /// Answered once every request posted to the wire before it is in the
+    /// test's channel (a mailbox is FIFO).
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Drained;
+
+    impl Handler<Drained> for Wire {
+        type Result = ();
+
+        fn handle(&mut self, _msg: Drained, _ctx: &mut Self::Context) {}
+    }
+
+    /// Node 100, an observer of the quorum whose only voter, node 1, leads
+    /// epoch 1, with its snapshot files in `dir`: the actors of
+    /// `node::launch`, the storage on a thread of its own as in production.
+    struct Observer {
+        quorum: Addr<QuorumState>,
+        wire: Addr<Wire>,
+        sent: mpsc::UnboundedReceiver<SendRequest>,
+        appender: LogAppender,
+        storage_thread: std::thread::JoinHandle<()>,
+        stall: Arc<Mutex<Option<Stall>>>,
+        stopped: oneshot::Receiver<StopReason>,
+    }
+
+    impl Observer {
+        fn start(dir: &Path) -> Observer {
+            let stall = Arc::new(Mutex::new(None));
+            let disk = StallingDisk {
+                log: MemoryStore::new(),
+                stall: stall.clone(),
+            };
+            let election = disk.election_state().unwrap();
+            let log = LogView::new(
+                disk.start_offset(),
+                disk.start_epoch(),
+                disk.end_offset(),
+                disk.epoch_cache(),
+            );
+            let (events, storage_events) = mpsc::unbounded_channel();
+            let (appender, storage_thread) =
+                LogAppender::spawn(OBSERVER, Box::new(NoHint(disk)), Some(dir.into()), events).unwrap();
+            let (to_test, sent) = mpsc::unbounded_channel();
+            let wire = Wire(to_test).start();
+            let voters: BTreeMap<NodeId, String> = [(LEADER, "127.0.0.1:9001".to_string())].into();
+            let mut config = RaftConfig::new(OBSERVER, voters.clone(), "127.0.0.1:9100".to_string());
+            // Nothing times out while the test holds the disk: a request
+            // the engine gave up on would be sent again and taken for the
+            // next one.
+            config.request_timeout_ms = 600_000;
+            config.fetch_timeout_ms = 600_000;
+            let engine = RaftNode::new(config, election, log, 0, 1);
+            let defaults = Config::default();
+            let (on_stopped, stopped) = oneshot::channel();
+            let peers = QuorumPeers {
+                appender: appender.clone(),
+                storage_events,
+                requests: wire.clone().recipient(),
+                forwarder: AppendForwarder::new(wire.clone().recipient(), voters).start(),
+                purgatory: FetchPurgatory::new().start(),
+                listeners: MetadataListeners::new(OBSERVER, appender.clone(), 0).start(),
+                snapshots: SnapshotPolicy::new(&defaults.snapshot, &defaults.log, Vec::new(), 0, 0),
+                on_stopped,
+            };
+            let quorum = QuorumState::new("held-chunk".to_string(), engine, peers).start();
+            Observer {
+                quorum,
+                wire,
+                sent,
+                appender,
+                storage_thread,
+                stall,
+                stopped,
+            }
+        }
+
+        /// The next request the observer sends (all go to the leader).
+        async fn next_request(&mut self) -> SendRequest {
+            let sent = tokio::time::timeout(LIVENESS_WAIT, self.sent.recv()).await;
+            let request = sent
+                .expect("the observer sends its next request")
+                .expect("the wire is up");
+            assert_eq!(request.to, LEADER, "{request:?}");
+            request
+        }
+
+        /// Answers `request` as the leader. Returns once the observer has
+        /// handled the answer and whatever it sent in turn is in `sent`.
+        async fn answer(&self, request: &SendRequest, response: RaftResponse) {
+            let outcome = RequestOutcome {
+                from: LEADER,
+                correlation_id: request.correlation_id,
+                result: Ok(response),
+            };
+            self.quorum.send(outcome).await.expect("the observer is running");
+            self.wire.send(Drained).await.expect("the wire is up");
+        }
+
+        /// Stalls the disk: returns once the storage thread hangs in a
+        /// flush, until the returned sender is dropped. A snapshot chunk
+        /// never reaches the store (it goes to the `.part` file), so the
+        /// disk stalls just ahead of it: the storage thread does one thing
+        /// at a time, in order, and a chunk queued now is not in the file
+        /// (nor reported written) until the flush ends, as if its own write
+        /// were that slow.
+        async fn stall_the_disk(&self) -> std::sync::mpsc::Sender<()> {
+            let (held, stalled) = oneshot::channel();
+            let (release, waiting) = std::sync::mpsc::channel();
+            *self.stall.lock().unwrap() = Some(Stall { held, release: waiting });
+            self.appender.flush().unwrap();
+            let stalled = tokio::time::timeout(LIVENESS_WAIT, stalled).await;
+            stalled.expect("the disk stalls").expect("the storage thread runs");
+            release
+        }
+
+        /// A graceful shutdown, the storage thread last (as the supervisor
+        /// of `node::launch` does).
+        async fn stop(self) {
+            self.quorum.send(Shutdown).await.expect("the observer is running");
+            assert_eq!(self.stopped.await, Ok(StopReason::Shutdown));
+            self.appender.shutdown().unwrap().await.unwrap();
+            self.storage_thread.join().unwrap();
+        }
+    }
+
+    /// The leader's snapshot of 64 data records (in batches of 2), written
+    /// in `dir` by the writer the leader itself uses, and its bytes.
+    fn leader_snapshot(dir: &Path) -> (SnapshotId, Vec<u8>) {
+        let id = SnapshotId {
+            end_offset: 64,
+            epoch: EPOCH,
+        };
+        let mut writer = SnapshotWriter::create(dir, id, 0).unwrap();
+        for base in (0..id.end_offset).step_by(2) {
+            let records: Vec<Record> = (base..base + 2)
+                .map(|offset| Record::Data(format!("record {offset}").into_bytes()))
+                .collect();
+            writer.append(base, EPOCH, &records).unwrap();
+        }
+        writer.freeze().unwrap();
+        (id, std::fs::read(snapshot::path_of(dir, id)).unwrap())
+    }
+
+    /// The leader's answer to a Fetch when its log starts at the end of
+    /// `snapshot` (or, with None, is empty).
+    fn fetch_answer(snapshot: Option<SnapshotId>) -> RaftResponse {
+        let log_start = snapshot.map_or(0, |id| id.end_offset);
+        RaftResponse::Fetch(FetchResponse {
+            error: ErrorCode::None,
+            epoch: EPOCH,
+            leader_id: Some(LEADER),
+            high_watermark: log_start,
+            log_start_offset: log_start,
+            diverging_epoch: None,
+            snapshot_id: snapshot,
+            batches: Vec::new(),
+        })
+    }
+
+    /// Where a FetchSnapshot request asks to resume, None for any other.
+    fn snapshot_position(request: &SendRequest) -> Option<u64> {
+        match &request.request {
+            RaftRequest::FetchSnapshot(fetch) => Some(fetch.position),
+            _ => None,
+        }
+    }
+
+    /// The leader's answer to a FetchSnapshot of snapshot `id` (whose bytes
+    /// are `file`) at `position`: the next `chunk` bytes at most.
+    fn chunk_answer(id: SnapshotId, file: &[u8], position: u64, chunk: usize) -> RaftResponse {
+        let from = position as usize;
+        let until = (from + chunk).min(file.len());
+        RaftResponse::FetchSnapshot(FetchSnapshotResponse {
+            error: ErrorCode::None,
+            epoch: EPOCH,
+            leader_id: Some(LEADER),
+            snapshot_id: id,
+            size: file.len() as u64,
+            position,
+            bytes: file[from..until].to_vec(),
+        })
+    }
+
+    #[actix_rt::test]
+    async fn a_fetched_snapshot_chunk_holds_back_the_next_one_until_it_is_in_the_file() {
+        let leader_dir = tempfile::tempdir().unwrap();
+        let (id, file) = leader_snapshot(leader_dir.path());
+        // Four answers carry the whole file.
+        let chunk = file.len().div_ceil(4);
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = Observer::start(dir.path());
+
+        // The observer finds the leader, whose log starts past its own end.
+        let discovery = node.next_request().await;
+        node.answer(&discovery, fetch_answer(None)).await;
+        let fetch = node.next_request().await;
+        assert!(matches!(fetch.request, RaftRequest::Fetch(_)), "{fetch:?}");
+        node.answer(&fetch, fetch_answer(Some(id))).await;
+
+        // The first chunk goes to a disk that has stalled...
+        let first = node.next_request().await;
+        assert_eq!(snapshot_position(&first), Some(0), "{first:?}");
+        let release = node.stall_the_disk().await;
+        node.answer(&first, chunk_answer(id, &file, 0, chunk)).await;
+        // ...and the engine asks for the next one at once, which the leader
+        // answers while the first is still on its way to the file.
+        let second = node.next_request().await;
+        assert_eq!(snapshot_position(&second), Some(chunk as u64), "{second:?}");
+        node.answer(&second, chunk_answer(id, &file, chunk as u64, chunk)).await;
+        // The engine takes a chunk and asks for the one after it in the same
+        // step: a third request means it took the second chunk, and the
+        // shell queued it for the file behind the first.
+        if let Ok(third) = node.sent.try_recv() {
+            panic!(
+                "a second chunk was queued for the file while the first was still being written \
+                 (the answer at byte {chunk} reached the engine, which sent {:?})",
+                third.request
+            );
+        }
+
+        // Once the disk catches up, the held answer goes on to the engine
+        // and the transfer completes.
+        drop(release);
+        let mut answered = vec![0, chunk as u64];
+        let after_install = loop {
+            let request = node.next_request().await;
+            let Some(position) = snapshot_position(&request) else {
+                break request;
+            };
+            answered.push(position);
+            node.answer(&request, chunk_answer(id, &file, position, chunk)).await;
+        };
+        let expected: Vec<u64> = (0..file.len()).step_by(chunk).map(|p| p as u64).collect();
+        assert_eq!(answered, expected, "each chunk is asked for once, in order");
+        // The observer fetches the log again from the snapshot's end, which
+        // it asks for only once the snapshot is installed.
+        match &after_install.request {
+            RaftRequest::Fetch(fetch) => {
+                assert_eq!(
+                    (fetch.fetch_offset, fetch.last_fetched_epoch),
+                    (id.end_offset, id.epoch)
+                )
+            }
+            other => panic!("expected a Fetch after the install, got {other:?}"),
+        }
+        let status = node.quorum.send(Describe).await.unwrap();
+        assert_eq!(
+            (status.log_start_offset, status.log_end_offset),
+            (id.end_offset, id.end_offset),
+            "the log starts at the installed snapshot's end"
+        );
+        assert_eq!(
+            std::fs::read(snapshot::path_of(dir.path(), id)).unwrap(),
+            file,
+            "the installed file is the leader's"
+        );
+        node.stop().await;
+    }
+}
