@@ -143,17 +143,8 @@ pub(crate) fn check_append(end_offset: Offset, last_epoch: Option<Epoch>, batch:
     }
     if !batch.verify() {
         return Err(StorageError::Invalid(format!(
-            "append of a batch at offset {} whose CRC does not match its contents",
-            batch.base_offset
-        )));
-    }
-    if batch
-        .base_offset
-        .checked_add(Offset::from(batch.record_count))
-        .is_none()
-    {
-        return Err(StorageError::Invalid(format!(
-            "append of a batch at offset {} whose {} records run past the largest offset",
+            "append of a batch at offset {} whose CRC does not match its contents \
+             or whose {} records run past the largest offset",
             batch.base_offset, batch.record_count
         )));
     }

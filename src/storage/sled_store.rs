@@ -1412,15 +1412,11 @@ fn decode_batch(key: &[u8], value: &[u8]) -> std::result::Result<Batch, String> 
     let batch: Batch = decode_bounded(value, MAX_STORED_BATCH_BYTES as u64)
         .map_err(|e| format!("value under offset {key_offset} does not decode: {e}"))?;
     if !batch.verify() {
-        return Err(format!("batch under offset {key_offset} fails its CRC check"));
-    }
-    if batch
-        .base_offset
-        .checked_add(Offset::from(batch.record_count))
-        .is_none()
-    {
-        // A CRC is no proof against crafted bytes; `next_offset` must not overflow.
-        return Err(format!("batch under offset {key_offset} runs past the largest offset"));
+        // A CRC is no proof against crafted bytes: `verify` also refuses a
+        // batch whose `next_offset` would overflow.
+        return Err(format!(
+            "batch under offset {key_offset} fails its CRC check or runs past the largest offset"
+        ));
     }
     if batch.base_offset != key_offset {
         return Err(format!(
@@ -1983,7 +1979,10 @@ mod tests {
         {
             let db = sled::open(dir.path().join(SLED_SUBDIR)).unwrap();
             let crafted = Batch::new(Offset::MAX - 1, 1, &vec![Record::NoOp; 5]);
-            assert!(crafted.verify(), "a valid CRC over an impossible range");
+            assert!(
+                !crafted.verify(),
+                "a valid CRC over an impossible range still fails verify"
+            );
             let log = db.open_tree(LOG_TREE).unwrap();
             log.insert(offset_key(crafted.base_offset), encode(&crafted)).unwrap();
             db.flush().unwrap();
