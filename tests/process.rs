@@ -34,6 +34,9 @@ struct Node {
     voters: String,
     /// More command-line arguments (e.g. `--set node.roles=["broker"]`).
     extra_args: Vec<String>,
+    /// A command (and its arguments) that runs `kraft` in its stead, e.g.
+    /// under strace; the process started must be `kraft` itself.
+    launcher: Vec<String>,
     child: Option<Child>,
     log: Arc<Mutex<Vec<String>>>,
 }
@@ -47,6 +50,7 @@ impl Node {
             data_dir,
             voters,
             extra_args: Vec::new(),
+            launcher: Vec::new(),
             child: None,
             log: Default::default(),
         }
@@ -54,7 +58,16 @@ impl Node {
 
     fn start(&mut self) {
         assert!(self.child.is_none(), "node {} already running", self.id);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kraft"))
+        let kraft = env!("CARGO_BIN_EXE_kraft");
+        let mut command = match self.launcher.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(kraft);
+                command
+            }
+            None => Command::new(kraft),
+        };
+        let mut child = command
             .arg("run")
             .arg("--config")
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"))
@@ -997,4 +1010,69 @@ fn a_node_restarted_behind_the_log_start_catches_up_through_a_snapshot() {
         .unwrap()
         .iter()
         .any(|l| l.contains("installed the leader's snapshot")));
+}
+
+/// Whether the process exited (None while it runs), without waiting.
+fn exited(node: &mut Node) -> bool {
+    let child = node.child.as_mut().expect("node started");
+    child.try_wait().unwrap().is_some()
+}
+
+/// sled writes its `conf` file once, at a node's very first start. A node
+/// killed during that write must start again: sled wrote the settings and
+/// then their CRC into `conf` itself, and a process killed between the two
+/// writes left a file every later start refused as corrupted (seen once in
+/// `a_node_restarted_behind_the_log_start_catches_up_through_a_snapshot`,
+/// whose nodes are killed right after their first start). strace kills the
+/// process at exactly the n-th write to the file.
+#[test]
+fn a_node_killed_while_sled_writes_its_conf_file_starts_again() {
+    let strace = Command::new("strace").arg("-V").output();
+    assert!(
+        strace.is_ok_and(|out| out.status.success()),
+        "this test needs strace (Debian: apt-get install strace; .ci/run installs it)"
+    );
+    for (file, nth_write) in [("conf", 1), ("conf", 2), ("conf.tmp", 1), ("conf.tmp", 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let raft_port = ports::free_port();
+        let voters = format!("[\"1@127.0.0.1:{raft_port}\"]");
+        let mut node = Node::new(1, dir.path().join("node-1"), raft_port, voters);
+        let target = node.data_dir.join("sled").join(file);
+        // -D: strace traces from a process of its own, so the child here
+        // is kraft itself and kill9 stops it.
+        node.launcher = [
+            "strace",
+            "-D",
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-P",
+            target.to_str().unwrap(),
+            "-e",
+            "trace=write",
+            "-e",
+            &format!("inject=write:signal=KILL:when={nth_write}"),
+        ]
+        .map(String::from)
+        .to_vec();
+        node.start();
+        // Killed at that write, or started if sled never writes the file so.
+        let deadline = Instant::now() + WAIT;
+        while !exited(&mut node) && node.log.lock().unwrap().iter().all(|l| !l.contains("node started")) {
+            assert!(Instant::now() < deadline, "{}", node.log_tail());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        node.kill9();
+
+        node.launcher.clear();
+        node.start();
+        let started = node.wait_log_line(|l| l.contains("node started") || l.contains("cannot start"));
+        assert!(
+            started.as_deref().is_some_and(|l| l.contains("node started")),
+            "killed at write {nth_write} to sled/{file} during its first start, the node does not start again:\n{}",
+            node.log_tail()
+        );
+        node.kill9();
+    }
 }

@@ -677,14 +677,30 @@ impl Config {
         let crc_arr = u32_to_arr(crc);
 
         let path = self.config_path();
+        // kraft: written whole or not at all. The file was written in
+        // place, its settings then their CRC, so a process killed between
+        // the two writes (during its first open) left a file that every
+        // later open refused as corrupted. Written to `conf.tmp`, synced,
+        // then renamed over `conf` and the directory synced, a crash
+        // leaves either no `conf` (the next open writes it) or a whole one.
+        let tmp = path.with_extension("tmp");
 
-        let mut f =
-            fs::OpenOptions::new().write(true).create(true).open(path)?;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
 
         io_fail!(self, "write_config bytes");
         f.write_all(&*bytes)?;
         io_fail!(self, "write_config crc");
         f.write_all(&crc_arr)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, &path)?;
+        if let Some(dir) = path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
         io_fail!(self, "write_config post");
         Ok(())
     }
