@@ -1876,18 +1876,20 @@ fn sled_reader_never_mixes_batches_from_before_and_after_a_truncation() {
     // Each round truncates to 4 and writes [4, 10) again in a new epoch: a
     // read from 4 that saw batches of two epochs would be a log that never
     // existed.
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
     let mut fixture = sled_fixture();
     append_all(&mut fixture.store, &[(4, 1)]);
     for _ in 0..3 {
         append_all(&mut fixture.store, &[(2, 2)]);
     }
     let reader = fixture.store.reader();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
     let reading = {
-        let stop = stop.clone();
+        let (stop, reads) = (stop.clone(), reads.clone());
         std::thread::spawn(move || {
-            let mut reads = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 let batches = reader.read(4, 10, usize::MAX).expect("read");
                 let epochs: Vec<Epoch> = batches.iter().map(|b| b.epoch).collect();
                 assert!(epochs.windows(2).all(|w| w[0] == w[1]), "mixed epochs {epochs:?}");
@@ -1896,20 +1898,28 @@ fn sled_reader_never_mixes_batches_from_before_and_after_a_truncation() {
                     assert_eq!(b.base_offset, next, "not contiguous");
                     next = b.next_offset();
                 }
-                reads += 1;
+                reads.fetch_add(1, Ordering::Relaxed);
             }
-            reads
         })
     };
-    for epoch in 3..303 {
+    // At least 300 rounds, and on until the reader has read during 100 of
+    // them (on a busy machine its thread may not run at all for a while).
+    let mut epoch = 3;
+    let mut rounds_with_reads = 0;
+    while epoch < 303 || rounds_with_reads < 100 {
+        assert!(epoch < 100_000, "the reader thread never ran");
+        let before = reads.load(Ordering::Relaxed);
         fixture.store.truncate(4).unwrap();
         for _ in 0..3 {
             append_all(&mut fixture.store, &[(2, epoch)]);
         }
+        if reads.load(Ordering::Relaxed) > before {
+            rounds_with_reads += 1;
+        }
+        epoch += 1;
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let reads = reading.join().expect("reader thread");
-    assert!(reads > 0);
+    stop.store(true, Ordering::Relaxed);
+    reading.join().expect("reader thread");
 }
 
 // ---------------------------------------------------------------------------
