@@ -2491,3 +2491,240 @@ fn a_snapshot_ending_below_the_high_watermark_is_refused() {
         "{next:?}"
     );
 }
+
+// ---------------------------------------------------------------- rules pinned by the mutation sweep
+
+/// After EndQuorumEpoch the leader is no longer live for pre-votes: the
+/// preferred successor's pre-vote must win at once among followers that
+/// fetched from the leader a moment ago (else the hand-over waits out a
+/// fetch timeout).
+#[test]
+fn a_follower_whose_leader_resigned_grants_pre_votes() {
+    let (mut node, corr) = follower_with_fetch();
+    node.handle_response(5, 1, corr, data_response(1, 0, vec![]));
+    node.take_actions();
+    node.handle_request(6, 3, 1, vote_req(2, 3, 0, 0, true));
+    assert!(
+        !granted(&node.take_actions()),
+        "the leader fetched from 1 ms ago is live"
+    );
+    node.handle_request(
+        7,
+        1,
+        2,
+        RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
+            epoch: 1,
+            leader_id: 1,
+            preferred_successors: vec![3, 2],
+        }),
+    );
+    node.take_actions();
+    assert_eq!(node.role().role, RoleKind::Follower);
+    node.handle_request(8, 3, 3, vote_req(2, 3, 0, 0, true));
+    assert!(
+        granted(&node.take_actions()),
+        "a leader that announced its resignation is no longer live"
+    );
+}
+
+/// `voted_for` is a vote in the persisted epoch: moving to a later epoch
+/// (here through BeginQuorumEpoch) leaves no vote behind.
+#[test]
+fn a_vote_is_not_carried_into_a_later_epoch() {
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 1,
+            voted_for: Some(2),
+            leader_id: None,
+        },
+    );
+    node.take_actions();
+    node.handle_request(
+        1,
+        3,
+        1,
+        RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
+            epoch: 2,
+            leader_id: 3,
+            leader_endpoint: "x".into(),
+        }),
+    );
+    let actions = node.take_actions();
+    assert_eq!(
+        persisted(&actions),
+        vec![ElectionState {
+            epoch: 2,
+            voted_for: None,
+            leader_id: Some(3)
+        }]
+    );
+    assert_eq!(node.role().voted_for, None);
+}
+
+/// Only a voter can lead: a response naming a node outside the voter set
+/// as leader of our epoch is not followed.
+#[test]
+fn a_response_naming_a_non_voter_leader_is_not_followed() {
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 3,
+            voted_for: None,
+            leader_id: None,
+        },
+    );
+    node.tick(2 * T + 1);
+    let pre_votes = sent(&node.take_actions());
+    assert_eq!(node.role().role, RoleKind::Prospective);
+    let (to, corr, _) = pre_votes[0].clone();
+    node.handle_response(
+        2 * T + 2,
+        to,
+        corr,
+        RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: 3,
+            leader_id: Some(9),
+            vote_granted: false,
+            pre_vote: true,
+        }),
+    );
+    assert_eq!(node.role().role, RoleKind::Prospective);
+    assert_eq!(node.role().leader_id, None);
+    assert!(persisted(&node.take_actions()).is_empty());
+}
+
+/// Consecutive lost candidacies back off longer and longer (Kafka's
+/// binary exponential backoff): the first waits the base, and by the third
+/// some seeds wait more.
+#[test]
+fn election_backoff_grows_with_consecutive_lost_candidacies() {
+    let mut longer = false;
+    for seed in 0..16 {
+        let mut node = RaftNode::new(
+            config(1, &[1, 2, 3]),
+            ElectionState::default(),
+            LogView::empty(),
+            0,
+            seed,
+        );
+        let mut now = 0;
+        for lost in 1..=3 {
+            // Win the pre-vote, then lose the vote to a majority of refusals.
+            now = node.next_deadline_ms().max(now);
+            node.tick(now);
+            assert_eq!(node.role().role, RoleKind::Prospective, "seed {seed}, candidacy {lost}");
+            let epoch = node.role().epoch;
+            for (to, corr, _) in sent(&node.take_actions()) {
+                node.handle_response(
+                    now,
+                    to,
+                    corr,
+                    RaftResponse::Vote(VoteResponse {
+                        error: ErrorCode::None,
+                        epoch,
+                        leader_id: None,
+                        vote_granted: true,
+                        pre_vote: true,
+                    }),
+                );
+                if node.role().role == RoleKind::Candidate {
+                    break;
+                }
+            }
+            assert_eq!(node.role().role, RoleKind::Candidate);
+            let epoch = node.role().epoch;
+            for (to, corr, _) in sent(&node.take_actions()) {
+                node.handle_response(
+                    now,
+                    to,
+                    corr,
+                    RaftResponse::Vote(VoteResponse {
+                        error: ErrorCode::None,
+                        epoch,
+                        leader_id: None,
+                        vote_granted: false,
+                        pre_vote: false,
+                    }),
+                );
+            }
+            let backoff = node.next_deadline_ms() - now;
+            if lost == 1 {
+                assert_eq!(backoff, 100, "seed {seed}: the first backoff is the base");
+            } else if backoff > 100 {
+                longer = true;
+            }
+        }
+    }
+    assert!(longer, "no seed ever backed off longer than the base");
+}
+
+/// Election timeouts are randomized in [T, 2T] so that voters do not all
+/// campaign at once.
+#[test]
+fn election_timeouts_are_randomized() {
+    let deadlines: std::collections::BTreeSet<u64> = (0..16)
+        .map(|seed| {
+            RaftNode::new(
+                config(1, &[1, 2, 3]),
+                ElectionState::default(),
+                LogView::empty(),
+                0,
+                seed,
+            )
+            .next_deadline_ms()
+        })
+        .collect();
+    assert!(deadlines.iter().all(|d| (T..=2 * T).contains(d)), "{deadlines:?}");
+    assert!(deadlines.len() > 1, "{deadlines:?}");
+}
+
+/// A candidate re-asking for a vote (its request timed out) gets it again,
+/// but does not push the voter's own election timer further each time.
+#[test]
+fn granting_the_same_vote_again_keeps_the_election_timer() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    node.handle_request(5, 2, 1, vote_req(1, 2, 0, 0, false));
+    assert!(granted(&node.take_actions()));
+    let deadline = node.next_deadline_ms();
+    node.handle_request(deadline - 1, 2, 2, vote_req(1, 2, 0, 0, false));
+    assert!(granted(&node.take_actions()));
+    assert_eq!(node.next_deadline_ms(), deadline);
+}
+
+/// A candidate told by a voter that another candidate won its epoch
+/// follows that leader at once.
+#[test]
+fn a_candidate_follows_a_leader_of_its_epoch_named_in_a_vote_response() {
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 4,
+            voted_for: Some(1),
+            leader_id: None,
+        },
+    );
+    assert_eq!(node.role().role, RoleKind::Candidate);
+    let votes = sent(&node.take_actions());
+    let (to, corr, _) = votes[0].clone();
+    node.handle_response(
+        1,
+        to,
+        corr,
+        RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: 4,
+            leader_id: Some(3),
+            vote_granted: false,
+            pre_vote: false,
+        }),
+    );
+    assert_eq!(
+        (node.role().role, node.role().epoch, node.role().leader_id),
+        (RoleKind::Follower, 4, Some(3))
+    );
+}
