@@ -2563,6 +2563,72 @@ fn a_vote_is_not_carried_into_a_later_epoch() {
     assert_eq!(node.role().voted_for, None);
 }
 
+/// Two leaders in one epoch would break election safety: a follower asked
+/// by another node to follow it in its leader's epoch refuses and keeps
+/// its leader.
+#[test]
+fn begin_quorum_epoch_from_a_second_leader_of_the_same_epoch_is_refused() {
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 5,
+            voted_for: None,
+            leader_id: Some(2),
+        },
+    );
+    node.take_actions();
+    node.handle_request(
+        1,
+        3,
+        1,
+        RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
+            epoch: 5,
+            leader_id: 3,
+            leader_endpoint: "x".into(),
+        }),
+    );
+    let actions = node.take_actions();
+    match responses(&actions).last() {
+        Some(RaftResponse::BeginQuorumEpoch(r)) => {
+            assert_eq!((r.error, r.epoch, r.leader_id), (ErrorCode::InvalidRequest, 5, Some(2)))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(persisted(&actions).is_empty());
+    assert_eq!((node.role().role, node.role().leader_id), (RoleKind::Follower, Some(2)));
+}
+
+/// A voter the resigning leader did not name as a successor waits the
+/// longest backoff, leaving the field to the successors (KIP-595).
+#[test]
+fn end_quorum_epoch_makes_a_voter_not_named_wait_the_longest_backoff() {
+    let mut node = start(
+        2,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 2,
+            voted_for: None,
+            leader_id: Some(1),
+        },
+    );
+    node.take_actions();
+    node.handle_request(
+        100,
+        1,
+        1,
+        RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
+            epoch: 2,
+            leader_id: 1,
+            preferred_successors: vec![3],
+        }),
+    );
+    node.tick(100 + 1000 - 1);
+    assert_eq!(node.role().role, RoleKind::Follower, "not a successor: waits 1000 ms");
+    node.tick(100 + 1000);
+    assert_eq!(node.role().role, RoleKind::Prospective);
+}
+
 /// Only a voter can lead: a response naming a node outside the voter set
 /// as leader of our epoch is not followed.
 #[test]
@@ -2727,4 +2793,32 @@ fn a_candidate_follows_a_leader_of_its_epoch_named_in_a_vote_response() {
         (node.role().role, node.role().epoch, node.role().leader_id),
         (RoleKind::Follower, 4, Some(3))
     );
+}
+
+/// EndQuorumEpoch reaches an unattached voter too (here one that never
+/// heard of the resigning leader's epoch): the first successor campaigns at
+/// once instead of waiting out its election timeout.
+#[test]
+fn end_quorum_epoch_makes_an_unattached_successor_campaign_at_once() {
+    let mut node = start(
+        2,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 2,
+            voted_for: None,
+            leader_id: None,
+        },
+    );
+    node.take_actions();
+    node.handle_request(
+        100,
+        1,
+        1,
+        RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
+            epoch: 3,
+            leader_id: 1,
+            preferred_successors: vec![2, 3],
+        }),
+    );
+    assert_eq!((node.role().role, node.role().epoch), (RoleKind::Prospective, 3));
 }
