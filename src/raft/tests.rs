@@ -2663,6 +2663,94 @@ fn a_response_naming_a_non_voter_leader_is_not_followed() {
     assert!(persisted(&node.take_actions()).is_empty());
 }
 
+/// The follower's log epochs never go down: a batch of an older epoch than
+/// its last one is refused, not written (nor does it reach the epoch cache).
+#[test]
+fn a_batch_of_an_older_epoch_than_the_log_end_is_not_written() {
+    let log = log_of(&[(1, 0), (2, 2)], 3);
+    let mut node = RaftNode::new(
+        config(2, &[1, 2, 3]),
+        ElectionState {
+            epoch: 2,
+            voted_for: None,
+            leader_id: Some(1),
+        },
+        log,
+        0,
+        1,
+    );
+    let fetch = sent(&node.take_actions());
+    node.handle_response(
+        5,
+        1,
+        fetch[0].1,
+        data_response(2, 0, vec![Batch::new(3, 1, &[Record::NoOp])]),
+    );
+    assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
+    assert_eq!((node.log().end_offset(), node.log().last_epoch()), (3, 2));
+}
+
+/// The high watermark never moves backwards on a follower, not even when a
+/// new leader, which learns the high watermark only once its own epoch
+/// commits, reports a lower one.
+#[test]
+fn a_follower_high_watermark_never_moves_back() {
+    let (mut node, corr) = follower_with_fetch();
+    node.handle_response(
+        5,
+        1,
+        corr,
+        data_response(
+            1,
+            3,
+            vec![Batch::new(0, 1, &[Record::NoOp, Record::NoOp, Record::NoOp])],
+        ),
+    );
+    assert_eq!(node.high_watermark(), 3);
+    node.on_flushed(6, 3);
+    let fetch = sent(&node.take_actions());
+    node.handle_response(7, 1, fetch[0].1, data_response(1, 1, vec![]));
+    assert_eq!(node.high_watermark(), 3);
+    assert!(!node
+        .take_actions()
+        .iter()
+        .any(|a| matches!(a, Action::HighWatermark(_))));
+}
+
+/// A fetch must come from the replica it names: else one node could
+/// acknowledge offsets for another voter and commit on its behalf.
+#[test]
+fn a_fetch_naming_another_replica_is_refused() {
+    let (mut node, now) = elect_leader();
+    node.on_flushed(now, 1);
+    node.take_actions();
+    node.handle_request(now, 3, 1, fetch_req(2, 1, 1, 1, 0));
+    let response = fetch_response(&node.take_actions());
+    assert_eq!(response.error, ErrorCode::InvalidRequest);
+    assert_eq!(node.high_watermark(), 0, "no acknowledgement was counted");
+}
+
+#[test]
+fn a_snapshot_fetch_naming_another_replica_is_refused() {
+    let (mut node, epoch) = leader_with_snapshot();
+    node.handle_request(
+        1,
+        8,
+        1,
+        RaftRequest::FetchSnapshot(FetchSnapshotRequest {
+            replica_id: 7,
+            current_epoch: epoch,
+            snapshot_id: SNAPSHOT,
+            position: 0,
+            max_bytes: 4096,
+        }),
+    );
+    match responses(&node.take_actions()).last() {
+        Some(RaftResponse::FetchSnapshot(r)) => assert_eq!(r.error, ErrorCode::InvalidRequest),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Consecutive lost candidacies back off longer and longer (Kafka's
 /// binary exponential backoff): the first waits the base, and by the third
 /// some seeds wait more.
@@ -2746,6 +2834,38 @@ fn election_timeouts_are_randomized() {
         .collect();
     assert!(deadlines.iter().all(|d| (T..=2 * T).contains(d)), "{deadlines:?}");
     assert!(deadlines.len() > 1, "{deadlines:?}");
+}
+
+/// Observers never count toward the high watermark, even when the
+/// leader's own flush (not a fetch) triggers the computation.
+#[test]
+fn an_observer_never_completes_a_majority_with_the_leader() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    // The LeaderChange record [0, 1) is being flushed; observer 9 has it.
+    node.handle_request(now, 9, 1, fetch_req(9, 1, 1, 1, 0));
+    node.on_flushed(now, 1);
+    assert_eq!(node.high_watermark(), 0, "the leader and an observer are no majority");
+    node.handle_request(now, 2, 2, fetch_req(2, 1, 1, 1, 0));
+    assert_eq!(node.high_watermark(), 1);
+}
+
+/// Compaction up to exactly where a parked fetch waits leaves the fetch
+/// parked: the replica is at the log start, not below it, and needs no
+/// snapshot.
+#[test]
+fn a_parked_fetch_at_the_new_log_start_is_not_sent_to_the_snapshot() {
+    let (mut node, epoch) = leader_with_snapshot();
+    let end = node.log().end_offset();
+    node.on_flushed(0, end);
+    node.take_actions();
+    // The first fetch learns the high watermark at once; the second parks.
+    node.handle_request(1, 7, 1, fetch_req(7, epoch, end, epoch, 500));
+    node.handle_request(1, 7, 2, fetch_req(7, epoch, end, epoch, 500));
+    let actions = node.take_actions();
+    assert_eq!(responses(&actions).len(), 1, "{actions:?}");
+    node.on_log_start_advanced(2, end, epoch);
+    assert!(responses(&node.take_actions()).is_empty(), "still parked");
 }
 
 /// A candidate re-asking for a vote (its request timed out) gets it again,
