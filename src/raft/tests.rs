@@ -2717,6 +2717,38 @@ fn a_follower_high_watermark_never_moves_back() {
         .any(|a| matches!(a, Action::HighWatermark(_))));
 }
 
+/// A voter fetching a snapshot (a long transfer) is alive for
+/// check-quorum, as in Kafka: the leader does not resign meanwhile.
+#[test]
+fn snapshot_fetches_keep_the_leader_in_check_quorum() {
+    let (mut node, mut now) = elect_leader();
+    node.on_flushed(now, 1);
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 0));
+    assert_eq!(node.high_watermark(), 1);
+    let id = SnapshotId {
+        end_offset: 1,
+        epoch: 1,
+    };
+    node.on_snapshot_created(now, id);
+    for i in 0..5 {
+        now += FETCH_T;
+        node.handle_request(
+            now,
+            3,
+            100 + i,
+            RaftRequest::FetchSnapshot(FetchSnapshotRequest {
+                replica_id: 3,
+                current_epoch: 1,
+                snapshot_id: id,
+                position: 0,
+                max_bytes: 4096,
+            }),
+        );
+        node.tick(now);
+        assert_eq!(node.role().role, RoleKind::Leader, "round {i}");
+    }
+}
+
 /// A fetch must come from the replica it names: else one node could
 /// acknowledge offsets for another voter and commit on its behalf.
 #[test]
@@ -2848,6 +2880,15 @@ fn an_observer_never_completes_a_majority_with_the_leader() {
     assert_eq!(node.high_watermark(), 0, "the leader and an observer are no majority");
     node.handle_request(now, 2, 2, fetch_req(2, 1, 1, 1, 0));
     assert_eq!(node.high_watermark(), 1);
+}
+
+/// Check-quorum needs other voters: a single voter leads for ever.
+#[test]
+fn a_single_voter_leader_never_fails_check_quorum() {
+    let mut node = start(1, &[1], ElectionState::default());
+    node.on_flushed(1, 1);
+    node.tick(10 * FETCH_T);
+    assert_eq!((node.role().role, node.role().epoch), (RoleKind::Leader, 1));
 }
 
 /// Compaction up to exactly where a parked fetch waits leaves the fetch
