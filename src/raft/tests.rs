@@ -1042,6 +1042,20 @@ fn a_diverging_fetch_is_told_where_to_truncate() {
         ),
         other => panic!("{other:?}"),
     }
+    // An epoch we never had, at an offset where our older epoch ends: the
+    // offsets agree, the batch before them does not.
+    node.handle_request(2, 2, 4, fetch_req(2, 4, 3, 2, 0));
+    match responses(&node.take_actions()).last() {
+        Some(RaftResponse::Fetch(f)) => assert_eq!(
+            f.diverging_epoch,
+            Some(DivergingEpoch {
+                epoch: 1,
+                end_offset: 3
+            }),
+            "the fetcher's epoch 2 before offset 3 is not in our log"
+        ),
+        other => panic!("{other:?}"),
+    }
     // A true prefix reads data.
     node.handle_request(2, 2, 3, fetch_req(2, 4, 3, 1, 0));
     let actions = node.take_actions();
@@ -1620,6 +1634,38 @@ fn divergence_truncates_to_the_common_prefix() {
     node.handle_response(101, 1, fetch[0].1, RaftResponse::Fetch(resp));
     assert!(!node.take_actions().iter().any(|a| matches!(a, Action::Truncate { .. })));
     assert_eq!(node.log().end_offset(), 3);
+}
+
+/// The leader's diverging epoch may end later in its log than in ours:
+/// what we wrote after our end of that epoch (a later epoch, which the
+/// leader never had) goes, so we cut at our own end of it.
+#[test]
+fn divergence_cuts_at_our_end_of_the_epoch_when_the_leaders_ends_later() {
+    // Follower: epoch 1 [0,3), epoch 2 [3,6). The leader's epoch 1 runs to 5.
+    let log = log_of(&[(1, 0), (2, 3)], 6);
+    let election = ElectionState {
+        epoch: 3,
+        voted_for: None,
+        leader_id: Some(1),
+    };
+    let mut node = RaftNode::new(config(2, &[1, 2, 3]), election, log, 0, 1);
+    let (_, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
+    let resp = FetchResponse {
+        error: ErrorCode::None,
+        epoch: 3,
+        leader_id: Some(1),
+        high_watermark: 0,
+        log_start_offset: 0,
+        diverging_epoch: Some(DivergingEpoch {
+            epoch: 1,
+            end_offset: 5,
+        }),
+        snapshot_id: None,
+        batches: vec![],
+    };
+    node.handle_response(1, 1, corr, RaftResponse::Fetch(resp));
+    assert!(node.take_actions().contains(&Action::Truncate { end_offset: 3 }));
+    assert_eq!((node.log().end_offset(), node.log().last_epoch()), (3, 1));
 }
 
 #[test]
