@@ -1027,11 +1027,7 @@ fn exited(node: &mut Node) -> bool {
 /// process at exactly the n-th write to the file.
 #[test]
 fn a_node_killed_while_sled_writes_its_conf_file_starts_again() {
-    let strace = Command::new("strace").arg("-V").output();
-    assert!(
-        strace.is_ok_and(|out| out.status.success()),
-        "this test needs strace (Debian: apt-get install strace; .ci/run installs it)"
-    );
+    require_strace();
     for (file, nth_write) in [("conf", 1), ("conf", 2), ("conf.tmp", 1), ("conf.tmp", 2)] {
         let dir = tempfile::tempdir().unwrap();
         let raft_port = ports::free_port();
@@ -1074,5 +1070,106 @@ fn a_node_killed_while_sled_writes_its_conf_file_starts_again() {
             node.log_tail()
         );
         node.kill9();
+    }
+}
+
+/// Whether strace is there; the tests that need it fail without it.
+fn require_strace() {
+    let strace = Command::new("strace").arg("-V").output();
+    assert!(
+        strace.is_ok_and(|out| out.status.success()),
+        "this test needs strace (Debian: apt-get install strace; .ci/run installs it)"
+    );
+}
+
+/// Waits (bounded) until every thread of process `pid` is traced.
+fn wait_until_traced(pid: u32) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+        let untraced = tasks.filter_map(Result::ok).any(|task| {
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            status
+                .lines()
+                .any(|l| l.starts_with("TracerPid:") && l.split_whitespace().nth(1) == Some("0"))
+        });
+        if !untraced {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "strace did not attach to every thread of {pid}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A durability point whose fdatasync fails (EIO: the kernel may have
+/// dropped the dirty pages it could not write, so a later fsync proves
+/// nothing) must acknowledge nothing and stop the node, which restarts
+/// with every append it acknowledged before. strace, attached to the
+/// running node, makes every fdatasync fail from then on.
+#[test]
+fn a_failed_fdatasync_acknowledges_nothing_and_stops_the_node() {
+    require_strace();
+    let mut cluster = Cluster::start(1);
+    // No NoOp of an idle leader: the append below is what the failing
+    // durability point is for.
+    cluster.nodes[0].extra_args = ["--set", "metadata.max_idle_interval_ms=3600000"]
+        .map(String::from)
+        .to_vec();
+    cluster.nodes[0].kill9();
+    cluster.nodes[0].start();
+    let (_, epoch) = cluster.wait_for_leader(0);
+    let client = http();
+    let port = cluster.nodes[0].http_port;
+    let mut acked = BTreeMap::new();
+    for i in 0..10 {
+        let value = format!("v{i}");
+        let offset = append(&client, port, &value).unwrap_or_else(|| cluster.fail("append failed"));
+        acked.insert(offset, value);
+    }
+
+    let pid = cluster.nodes[0].child.as_ref().unwrap().id();
+    let mut strace = Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-p", &pid.to_string()])
+        .args(["-e", "trace=fdatasync", "-e", "inject=fdatasync:error=EIO"])
+        .spawn()
+        .expect("start strace");
+    wait_until_traced(pid);
+    let (status, body) = append_raw(&client, port, "never acknowledged");
+    let exit = cluster.nodes[0].wait_exit();
+    let _ = strace.kill();
+    let _ = strace.wait();
+    assert_ne!(
+        status, 200,
+        "an append whose durability point failed was acknowledged: {body}"
+    );
+    assert!(
+        exit.is_some_and(|status| !status.success()),
+        "the node goes on after a failed fdatasync ({exit:?}):\n{}",
+        cluster.nodes[0].log_tail()
+    );
+    assert!(
+        cluster.nodes[0]
+            .wait_log_line(|l| l.contains("Fatal") && l.contains("flush"))
+            .is_some(),
+        "{}",
+        cluster.nodes[0].log_tail()
+    );
+
+    cluster.nodes[0].start();
+    cluster.wait_for_leader(epoch);
+    let last = *acked.keys().last().unwrap();
+    wait_until("the restarted node recommits its log", &cluster, || {
+        read_log(&cluster.nodes[0]).0 > last
+    });
+    let (_, log) = read_log(&cluster.nodes[0]);
+    for (offset, value) in &acked {
+        assert_eq!(
+            log.get(offset),
+            Some(&("data".to_string(), Some(value.clone()))),
+            "offset {offset}"
+        );
     }
 }
