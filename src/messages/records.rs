@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::codec::{decode_bounded, CodecError};
-use crate::raft::{Epoch, NodeId, Offset};
+use crate::raft::{Epoch, NodeId, Offset, MAX_LOG_OFFSET};
 
 /// Largest batch, and largest fetch response, in bytes (Kafka's 8 MiB).
 pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
@@ -141,11 +141,12 @@ impl Batch {
     }
 
     /// True when the stored CRC matches the contents and the batch's
-    /// offsets are ones a log can hold (its last one below `i64::MAX`).
+    /// offsets are ones a log can hold (it ends at most at
+    /// [`MAX_LOG_OFFSET`]).
     pub fn verify(&self) -> bool {
         self.record_count >= 1
             && self.base_offset >= 0
-            && self.base_offset.checked_add(self.record_count as Offset).is_some()
+            && self.base_offset <= MAX_LOG_OFFSET - self.record_count as Offset
             && self.crc == Self::checksum(self.base_offset, self.epoch, self.record_count, &self.payload)
     }
 

@@ -40,6 +40,9 @@ enum Start {
     SoleVoterWithSnapshot,
     /// Observer 100 of {1,2,3}.
     Observer,
+    /// Voter 1 of {1,2,3} whose log (a snapshot installed from a leader
+    /// that made it up) ends next to the largest offset.
+    NearTheLargestOffset,
 }
 
 fn voters(ids: &[NodeId]) -> BTreeMap<NodeId, String> {
@@ -53,6 +56,7 @@ impl Start {
             Start::FreshVoter | Start::Observer => 0,
             Start::Follower | Start::FetchingSnapshot | Start::RestartedLeader => 30,
             Start::SoleVoterWithSnapshot => 150,
+            Start::NearTheLargestOffset => MAX_LOG_OFFSET - 2,
         }
     }
 
@@ -105,6 +109,13 @@ impl Start {
                 );
                 node
             }
+            Start::NearTheLargestOffset => RaftNode::new(
+                RaftConfig::new(ME, three, "127.0.0.1:9001".into()),
+                ElectionState::unattached(3),
+                LogView::new(MAX_LOG_OFFSET - 2, 3, MAX_LOG_OFFSET - 2, Vec::new()),
+                0,
+                seed,
+            ),
             Start::Observer => RaftNode::new(
                 RaftConfig::new(OBSERVER, three, "127.0.0.1:9100".into()),
                 ElectionState::default(),
@@ -729,6 +740,7 @@ fn start() -> impl Strategy<Value = Start> {
         Just(Start::RestartedLeader),
         Just(Start::SoleVoterWithSnapshot),
         Just(Start::Observer),
+        Just(Start::NearTheLargestOffset),
     ]
 }
 

@@ -36,6 +36,12 @@ pub type NodeId = i32;
 pub type Epoch = i32;
 /// A log offset; offsets are contiguous from the log start offset.
 pub type Offset = i64;
+/// The largest end offset a log may have. Half the type's range: a log
+/// appending a million records a second reaches it in 146,000 years, and
+/// with every offset a peer can send checked against it (batches, snapshot
+/// ids), offset arithmetic cannot overflow however far a lying leader
+/// pushes a node (a snapshot id it made up can move a log's start there).
+pub const MAX_LOG_OFFSET: Offset = Offset::MAX / 2;
 
 #[cfg(test)]
 mod hostile_tests;

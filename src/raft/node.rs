@@ -169,6 +169,12 @@ pub enum ProposeError {
     TooLarge { bytes: usize, limit: usize },
     #[error("a proposal needs at least one record")]
     Empty,
+    /// The records would take the log past [`super::MAX_LOG_OFFSET`].
+    #[error(
+        "the log is full: it ends at {end_offset}, and no record goes past offset {}",
+        super::MAX_LOG_OFFSET
+    )]
+    LogFull { end_offset: Offset },
 }
 
 /// `on_snapshot_installed` (or `on_snapshot_install_failed`) for an install
@@ -597,6 +603,11 @@ impl RaftNode {
             self.drain_accumulator();
         }
         let base_offset = self.accumulator.next_offset(self.log.end_offset());
+        if base_offset > super::MAX_LOG_OFFSET - records.len() as Offset {
+            return Err(ProposeError::LogFull {
+                end_offset: base_offset,
+            });
+        }
         let last_offset = base_offset + records.len() as Offset - 1;
         self.accumulator.add(records, bytes, self.now_ms);
         Ok(Proposed {
@@ -2182,7 +2193,11 @@ impl RaftNode {
             // holds every committed record: one of a later epoch would start
             // our log at an epoch no leader has yet, one ending below our
             // high watermark would lose committed records.
-            if id.epoch > resp.epoch || id.epoch < 0 || id.end_offset < self.high_watermark {
+            if id.epoch > resp.epoch
+                || id.epoch < 0
+                || id.end_offset < self.high_watermark
+                || id.end_offset > super::MAX_LOG_OFFSET
+            {
                 tracing::error!(
                     leader = from,
                     ?id,
@@ -2293,7 +2308,14 @@ impl RaftNode {
             unreachable!("only a leader appends")
         };
         leader.last_append_ms = now;
-        let batch = Batch::new(self.log.end_offset(), epoch, &records);
+        let end = self.log.end_offset();
+        if end > super::MAX_LOG_OFFSET - records.len() as Offset {
+            // Only a snapshot id a leader made up can bring a log here;
+            // proposals are refused before, so these are our own records.
+            tracing::error!(end, "the log is full; the leader appends nothing more");
+            return;
+        }
+        let batch = Batch::new(end, epoch, &records);
         self.log.append(batch.base_offset, batch.next_offset(), epoch);
         self.actions.push(Action::AppendBatch(batch));
         // Followers may read the batch before our own flush completes.

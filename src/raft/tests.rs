@@ -1569,7 +1569,7 @@ fn a_damaged_or_misplaced_batch_is_not_written() {
 fn a_batch_whose_offsets_run_past_the_largest_offset_is_not_written() {
     // A snapshot (from a leader that made one up) put our log end next to
     // the largest offset; two more records do not fit below it.
-    let near_the_end = Offset::MAX - 1;
+    let near_the_end = MAX_LOG_OFFSET - 1;
     let election = ElectionState {
         epoch: 1,
         voted_for: Some(1),
@@ -1582,6 +1582,55 @@ fn a_batch_whose_offsets_run_past_the_largest_offset_is_not_written() {
     node.handle_response(5, 1, corr, data_response(1, near_the_end, vec![past]));
     assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
     assert_eq!(node.log().end_offset(), near_the_end);
+}
+
+#[test]
+fn a_log_at_the_largest_offset_takes_no_more_records() {
+    // The single voter leads over a log that ends one record below the
+    // bound (only a snapshot id a leader made up brings it here).
+    let end = MAX_LOG_OFFSET - 1;
+    let election = ElectionState {
+        epoch: 3,
+        voted_for: Some(1),
+        leader_id: Some(1),
+    };
+    let log = LogView::new(end - 1, 3, end, vec![(3, end - 1)]);
+    let mut node = RaftNode::new(config(1, &[1]), election, log, 0, 7);
+    // Its LeaderChange record takes the last offset.
+    let appended = appended_batches(node.take_actions());
+    assert_eq!(appended.iter().map(|b| b.base_offset).collect::<Vec<_>>(), vec![end]);
+    assert_eq!(
+        node.propose(1, vec![Record::NoOp]),
+        Err(ProposeError::LogFull {
+            end_offset: MAX_LOG_OFFSET
+        })
+    );
+    node.tick(10 * T);
+    assert!(
+        appended_batches(node.take_actions()).is_empty(),
+        "no NoOp past the bound"
+    );
+    assert_eq!(node.log().end_offset(), MAX_LOG_OFFSET);
+}
+
+#[test]
+fn a_snapshot_id_past_the_largest_offset_is_refused() {
+    let (mut node, corr) = follower_with_fetch();
+    let mut response = data_response(1, 0, vec![]);
+    if let RaftResponse::Fetch(f) = &mut response {
+        f.snapshot_id = Some(SnapshotId {
+            end_offset: MAX_LOG_OFFSET + 1,
+            epoch: 1,
+        });
+    }
+    node.handle_response(5, 1, corr, response);
+    node.tick(5 + 1_000);
+    assert!(
+        !sent(&node.take_actions())
+            .iter()
+            .any(|(_, _, r)| matches!(r, RaftRequest::FetchSnapshot(_))),
+        "a snapshot no log can continue is not fetched"
+    );
 }
 
 #[test]

@@ -1685,6 +1685,12 @@ impl Sim {
                     ProposeError::NotLeader { .. } if was_leader => self.stats.leader_refused += 1,
                     ProposeError::NotLeader { .. } => self.stats.not_leader += 1,
                     ProposeError::TooLarge { .. } => self.stats.too_large += 1,
+                    ProposeError::LogFull { end_offset } => {
+                        return Err(violation(
+                            ENGINE_CONTRACT,
+                            format!("node {id} called its log full at {end_offset}"),
+                        ))
+                    }
                     ProposeError::Empty => {
                         return Err(violation(
                             ENGINE_CONTRACT,
