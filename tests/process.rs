@@ -1012,10 +1012,10 @@ fn a_node_restarted_behind_the_log_start_catches_up_through_a_snapshot() {
         .any(|l| l.contains("installed the leader's snapshot")));
 }
 
-/// Whether the process exited (None while it runs), without waiting.
-fn exited(node: &mut Node) -> bool {
+/// How the process exited (None while it runs), without waiting.
+fn exit_status(node: &mut Node) -> Option<std::process::ExitStatus> {
     let child = node.child.as_mut().expect("node started");
-    child.try_wait().unwrap().is_some()
+    child.try_wait().unwrap()
 }
 
 /// sled writes its `conf` file once, at a node's very first start. A node
@@ -1030,9 +1030,12 @@ fn a_node_killed_while_sled_writes_its_conf_file_starts_again() {
     require_strace();
     for (file, nth_write) in [("conf", 1), ("conf", 2), ("conf.tmp", 1), ("conf.tmp", 2)] {
         let dir = tempfile::tempdir().unwrap();
+        // strace matches a file that does not exist yet by its path as
+        // given: no symbolic link on the way, or nothing is ever killed.
+        let root = dir.path().canonicalize().unwrap();
         let raft_port = ports::free_port();
         let voters = format!("[\"1@127.0.0.1:{raft_port}\"]");
-        let mut node = Node::new(1, dir.path().join("node-1"), raft_port, voters);
+        let mut node = Node::new(1, root.join("node-1"), raft_port, voters);
         let target = node.data_dir.join("sled").join(file);
         // -D: strace traces from a process of its own, so the child here
         // is kraft itself and kill9 stops it.
@@ -1053,14 +1056,30 @@ fn a_node_killed_while_sled_writes_its_conf_file_starts_again() {
         .map(String::from)
         .to_vec();
         node.start();
-        // Killed at that write, or started if sled never writes the file so.
+        // Killed at that write, or started if sled never writes the file so
+        // (`conf` itself is only ever renamed into place now).
         let deadline = Instant::now() + WAIT;
-        while !exited(&mut node) && node.log.lock().unwrap().iter().all(|l| !l.contains("node started")) {
+        let exit = loop {
+            let exit = exit_status(&mut node);
+            if exit.is_some() || node.log.lock().unwrap().iter().any(|l| l.contains("node started")) {
+                break exit;
+            }
             assert!(Instant::now() < deadline, "{}", node.log_tail());
             std::thread::sleep(Duration::from_millis(20));
+        };
+        if file == "conf.tmp" {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(
+                exit.and_then(|status| status.signal()),
+                Some(libc::SIGKILL),
+                "strace did not kill the node at write {nth_write} to sled/{file}:\n{}",
+                node.log_tail()
+            );
         }
         node.kill9();
 
+        // Only what the restarted process says counts.
+        node.log.lock().unwrap().clear();
         node.launcher.clear();
         node.start();
         let started = node.wait_log_line(|l| l.contains("node started") || l.contains("cannot start"));
@@ -1082,10 +1101,17 @@ fn require_strace() {
     );
 }
 
-/// Waits (bounded) until every thread of process `pid` is traced.
-fn wait_until_traced(pid: u32) {
+/// Waits (bounded) until every thread of process `pid` is traced by
+/// `strace`.
+fn wait_until_traced(pid: u32, strace: &mut Child) {
     let deadline = Instant::now() + WAIT;
     loop {
+        if let Some(status) = strace.try_wait().unwrap() {
+            panic!(
+                "strace -p {pid} exited ({status}): attaching to a process that is not its \
+                 child needs root or kernel.yama.ptrace_scope=0"
+            );
+        }
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
         let untraced = tasks.filter_map(Result::ok).any(|task| {
             let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
@@ -1136,7 +1162,7 @@ fn a_failed_fdatasync_acknowledges_nothing_and_stops_the_node() {
         .args(["-e", "trace=fdatasync", "-e", "inject=fdatasync:error=EIO"])
         .spawn()
         .expect("start strace");
-    wait_until_traced(pid);
+    wait_until_traced(pid, &mut strace);
     let (status, body) = append_raw(&client, port, "never acknowledged");
     let exit = cluster.nodes[0].wait_exit();
     let _ = strace.kill();

@@ -171,10 +171,10 @@ pub enum ProposeError {
     Empty,
     /// The records would take the log past [`super::MAX_LOG_OFFSET`].
     #[error(
-        "the log is full: it ends at {end_offset}, and no record goes past offset {}",
+        "the log is full: the next record would be at offset {next_offset}, and no record goes past offset {}",
         super::MAX_LOG_OFFSET
     )]
-    LogFull { end_offset: Offset },
+    LogFull { next_offset: Offset },
 }
 
 /// `on_snapshot_installed` (or `on_snapshot_install_failed`) for an install
@@ -605,7 +605,7 @@ impl RaftNode {
         let base_offset = self.accumulator.next_offset(self.log.end_offset());
         if base_offset > super::MAX_LOG_OFFSET - records.len() as Offset {
             return Err(ProposeError::LogFull {
-                end_offset: base_offset,
+                next_offset: base_offset,
             });
         }
         let last_offset = base_offset + records.len() as Offset - 1;

@@ -1582,6 +1582,12 @@ fn a_batch_whose_offsets_run_past_the_largest_offset_is_not_written() {
     node.handle_response(5, 1, corr, data_response(1, near_the_end, vec![past]));
     assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
     assert_eq!(node.log().end_offset(), near_the_end);
+    // One record fits: the log may end at the largest offset itself.
+    node.tick(1_000);
+    let (_, corr, _) = sent(&node.take_actions()).pop().expect("a fetch again");
+    let last = Batch::new(near_the_end, 1, &[Record::NoOp]);
+    node.handle_response(1_001, 1, corr, data_response(1, near_the_end, vec![last]));
+    assert_eq!(node.log().end_offset(), MAX_LOG_OFFSET);
 }
 
 #[test]
@@ -1602,7 +1608,7 @@ fn a_log_at_the_largest_offset_takes_no_more_records() {
     assert_eq!(
         node.propose(1, vec![Record::NoOp]),
         Err(ProposeError::LogFull {
-            end_offset: MAX_LOG_OFFSET
+            next_offset: MAX_LOG_OFFSET
         })
     );
     node.tick(10 * T);
@@ -1615,22 +1621,19 @@ fn a_log_at_the_largest_offset_takes_no_more_records() {
 
 #[test]
 fn a_snapshot_id_past_the_largest_offset_is_refused() {
-    let (mut node, corr) = follower_with_fetch();
-    let mut response = data_response(1, 0, vec![]);
-    if let RaftResponse::Fetch(f) = &mut response {
-        f.snapshot_id = Some(SnapshotId {
-            end_offset: MAX_LOG_OFFSET + 1,
-            epoch: 1,
-        });
-    }
-    node.handle_response(5, 1, corr, response);
-    node.tick(5 + 1_000);
-    assert!(
-        !sent(&node.take_actions())
+    for (end_offset, fetched) in [(MAX_LOG_OFFSET + 1, false), (MAX_LOG_OFFSET, true)] {
+        let (mut node, corr) = follower_with_fetch();
+        let mut response = data_response(1, 0, vec![]);
+        if let RaftResponse::Fetch(f) = &mut response {
+            f.snapshot_id = Some(SnapshotId { end_offset, epoch: 1 });
+        }
+        node.handle_response(5, 1, corr, response);
+        node.tick(5 + 1_000);
+        let asked = sent(&node.take_actions())
             .iter()
-            .any(|(_, _, r)| matches!(r, RaftRequest::FetchSnapshot(_))),
-        "a snapshot no log can continue is not fetched"
-    );
+            .any(|(_, _, r)| matches!(r, RaftRequest::FetchSnapshot(_)));
+        assert_eq!(asked, fetched, "snapshot ending at {end_offset}");
+    }
 }
 
 #[test]

@@ -1685,10 +1685,10 @@ impl Sim {
                     ProposeError::NotLeader { .. } if was_leader => self.stats.leader_refused += 1,
                     ProposeError::NotLeader { .. } => self.stats.not_leader += 1,
                     ProposeError::TooLarge { .. } => self.stats.too_large += 1,
-                    ProposeError::LogFull { end_offset } => {
+                    ProposeError::LogFull { next_offset } => {
                         return Err(violation(
                             ENGINE_CONTRACT,
-                            format!("node {id} called its log full at {end_offset}"),
+                            format!("node {id} called its log full at {next_offset}"),
                         ))
                     }
                     ProposeError::Empty => {
