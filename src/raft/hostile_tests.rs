@@ -328,6 +328,10 @@ struct Harness {
     flush_pending: Option<Offset>,
     /// The snapshot being fetched: its id, size and the bytes written.
     chunks: Option<(SnapshotId, u64, u64)>,
+    /// Records a proposal was accepted for and not yet seen written, by
+    /// the offset it was promised: the leader's epoch then, and the record.
+    proposed: BTreeMap<Offset, (Epoch, Record)>,
+    next_proposal: u64,
     /// Every vote the node persisted, by epoch.
     votes: BTreeMap<Epoch, NodeId>,
     epoch: Epoch,
@@ -347,6 +351,8 @@ impl Harness {
             outstanding: Vec::new(),
             flush_pending: None,
             chunks: None,
+            proposed: BTreeMap::new(),
+            next_proposal: 0,
             votes: BTreeMap::new(),
         };
         harness.carry_out();
@@ -614,8 +620,17 @@ impl Harness {
                 }
             }
             Input::Propose(n) => {
-                let records = (0..*n).map(|i| Record::Data(vec![i; 16])).collect();
-                let _ = self.node.propose(self.now, records);
+                let records: Vec<Record> = (0..*n)
+                    .map(|_| {
+                        self.next_proposal += 1;
+                        Record::Data(format!("proposal {}", self.next_proposal).into_bytes())
+                    })
+                    .collect();
+                if let Ok(proposed) = self.node.propose(self.now, records.clone()) {
+                    for (offset, record) in (proposed.base_offset..).zip(records) {
+                        self.proposed.insert(offset, (proposed.epoch, record));
+                    }
+                }
             }
         }
         self.carry_out();
@@ -649,6 +664,20 @@ impl Harness {
         );
     }
 
+    /// Lets the node finish what it has: flushes complete, no time passes.
+    /// A leader still in the epoch of its proposals has then written them.
+    fn settle(&mut self) {
+        for _ in 0..4 {
+            self.step(&Input::Flushed);
+            self.step(&Input::Tick(0));
+        }
+        assert!(
+            self.proposed.is_empty(),
+            "accepted proposals never written: {:?}",
+            self.proposed.keys().collect::<Vec<_>>()
+        );
+    }
+
     fn apply(&mut self, action: Action) {
         match action {
             Action::PersistElection(state) => {
@@ -660,6 +689,15 @@ impl Harness {
             }
             Action::AppendBatch(batch) => {
                 assert!(batch.verify(), "wrote a damaged batch at {}", batch.base_offset);
+                // A leader writes an accepted proposal at the offset it
+                // promised, in the epoch it promised it in.
+                if let Ok(records) = batch.records() {
+                    for (offset, record) in (batch.base_offset..).zip(records) {
+                        if let Some((epoch, promised)) = self.proposed.remove(&offset) {
+                            assert_eq!((batch.epoch, &record), (epoch, &promised), "offset {offset}");
+                        }
+                    }
+                }
                 assert_eq!(
                     batch.base_offset, self.end_offset,
                     "a batch that does not continue the log"
@@ -724,10 +762,14 @@ impl Harness {
                 self.flush_pending = None;
                 let _ = self.node.on_snapshot_installed(self.now, id);
             }
-            Action::Respond { .. }
-            | Action::RespondFetch { .. }
-            | Action::RespondFetchSnapshot { .. }
-            | Action::RoleChanged(_) => {}
+            Action::RoleChanged(role) => {
+                // A leader that lost its epoch may lose what it had not
+                // written (the shell answers those appends with an unknown
+                // outcome).
+                self.proposed
+                    .retain(|_, (promised, _)| role.role == RoleKind::Leader && *promised == role.epoch);
+            }
+            Action::Respond { .. } | Action::RespondFetch { .. } | Action::RespondFetchSnapshot { .. } => {}
         }
     }
 }
@@ -757,5 +799,6 @@ proptest! {
         for input in &inputs {
             harness.step(input);
         }
+        harness.settle();
     }
 }
