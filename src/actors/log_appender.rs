@@ -1392,7 +1392,7 @@ fn check<T>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::messages::Record;
     use crate::storage::MemoryStore;
@@ -1417,14 +1417,18 @@ mod tests {
         assert!(matches!(try_send_bounded(&tx, 0), Err(TrySendError::Disconnected(0))));
     }
 
+    /// (entered, release): the next flush says it started on `entered`,
+    /// then waits for a token on `release` (or for its sender to drop).
+    /// Shared, so that a test can arm it after the store moved to its thread.
+    pub(crate) type FlushGate = Arc<Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>>;
+
     /// A store (a memory store unless replaced) that counts flushes, can
-    /// hold the first one until released (to queue commands behind it
+    /// hold a flush until released (to queue commands behind it
     /// deterministically) and can be told to fail appends or flushes.
-    struct TestStore {
+    pub(crate) struct TestStore {
         inner: Box<dyn LogStore>,
         flushes: Arc<AtomicUsize>,
-        /// (entered, release): the first flush says it started, then waits.
-        gate: Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>,
+        pub(crate) gate: FlushGate,
         fail_appends: bool,
         fail_flushes: bool,
         hints: Arc<Mutex<Vec<Offset>>>,
@@ -1477,7 +1481,8 @@ mod tests {
             self.inner.truncate(end_offset)
         }
         fn flush(&mut self) -> storage::Result<()> {
-            if let Some((entered, release)) = self.gate.take() {
+            let gate = self.gate.lock().unwrap().take();
+            if let Some((entered, release)) = gate {
                 let _ = entered.send(());
                 let _ = release.recv();
             }
@@ -1522,12 +1527,13 @@ mod tests {
         }
     }
 
-    fn store() -> (TestStore, Arc<AtomicUsize>) {
+    /// A [`TestStore`] over a memory store, and its flush count.
+    pub(crate) fn store() -> (TestStore, Arc<AtomicUsize>) {
         let flushes = Arc::new(AtomicUsize::new(0));
         let store = TestStore {
             inner: Box::new(MemoryStore::new()),
             flushes: flushes.clone(),
-            gate: None,
+            gate: Arc::default(),
             fail_appends: false,
             fail_flushes: false,
             hints: Arc::default(),
@@ -1709,10 +1715,10 @@ mod tests {
         std::sync::mpsc::Sender<()>,
         mpsc::UnboundedReceiver<StorageEvent>,
     ) {
-        let (mut store, _) = store();
+        let (store, _) = store();
         let (entered_tx, entered) = std::sync::mpsc::channel();
         let (release, gate) = std::sync::mpsc::channel::<()>();
-        store.gate = Some((entered_tx, gate));
+        *store.gate.lock().unwrap() = Some((entered_tx, gate));
         let (events, events_rx) = mpsc::unbounded_channel();
         let (appender, thread) = LogAppender::spawn(1, Box::new(store), Some(dir.into()), events).unwrap();
         appender.append(batch(0, 1, 2)).unwrap();
@@ -1970,10 +1976,10 @@ mod tests {
 
     #[test]
     fn flushes_queued_behind_a_flush_in_progress_become_one_group_commit() {
-        let (mut store, flushes) = store();
+        let (store, flushes) = store();
         let (release, gate) = std::sync::mpsc::channel();
         let (entered_tx, entered) = std::sync::mpsc::channel();
-        store.gate = Some((entered_tx, gate));
+        *store.gate.lock().unwrap() = Some((entered_tx, gate));
         let (events, mut events_rx) = mpsc::unbounded_channel();
         let (appender, thread) = LogAppender::spawn(1, Box::new(store), None, events).unwrap();
 

@@ -1774,15 +1774,14 @@ mod snapshot_fetch_tests {
     //! test plays.
 
     use std::path::Path;
-    use std::sync::Mutex;
 
     use super::*;
-    use crate::actors::log_appender::NoHint;
+    use crate::actors::log_appender::tests::{store, FlushGate};
     use crate::config::Config;
     use crate::messages::FetchSnapshotResponse;
-    use crate::raft::{ElectionState, Epoch, LogView, RaftConfig};
+    use crate::raft::{Epoch, LogView, RaftConfig};
     use crate::storage::snapshot::{self, SnapshotWriter};
-    use crate::storage::{self, LogStore, MemoryStore};
+    use crate::storage::LogStore;
 
     const LEADER: NodeId = 1;
     const EPOCH: Epoch = 1;
@@ -1790,64 +1789,6 @@ mod snapshot_fetch_tests {
     /// How long the test waits for something that must happen before it
     /// calls it a hang (not a timing check).
     const LIVENESS_WAIT: Duration = Duration::from_secs(30);
-
-    /// A flush told to hang: it says so on `held`, then waits until the
-    /// sender of `release` is dropped.
-    struct Stall {
-        held: oneshot::Sender<()>,
-        release: std::sync::mpsc::Receiver<()>,
-    }
-
-    /// A memory store on a disk that stalls when told to: a disk slower
-    /// than the network, which the storage thread waits for.
-    struct StallingDisk {
-        log: MemoryStore,
-        stall: Arc<Mutex<Option<Stall>>>,
-    }
-
-    impl LogStore for StallingDisk {
-        fn election_state(&self) -> storage::Result<ElectionState> {
-            self.log.election_state()
-        }
-        fn write_election_state(&mut self, state: &ElectionState) -> storage::Result<()> {
-            self.log.write_election_state(state)
-        }
-        fn append(&mut self, batch: &Batch) -> storage::Result<()> {
-            self.log.append(batch)
-        }
-        fn truncate(&mut self, end_offset: Offset) -> storage::Result<()> {
-            self.log.truncate(end_offset)
-        }
-        fn flush(&mut self) -> storage::Result<()> {
-            let stall = self.stall.lock().unwrap().take();
-            if let Some(Stall { held, release }) = stall {
-                let _ = held.send(());
-                let _ = release.recv();
-            }
-            self.log.flush()
-        }
-        fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> storage::Result<Vec<Batch>> {
-            self.log.read(from, until, max_bytes)
-        }
-        fn delete_before(&mut self, offset: Offset) -> storage::Result<()> {
-            self.log.delete_before(offset)
-        }
-        fn reset(&mut self, start_offset: Offset, start_epoch: Epoch) -> storage::Result<()> {
-            self.log.reset(start_offset, start_epoch)
-        }
-        fn start_offset(&self) -> Offset {
-            self.log.start_offset()
-        }
-        fn start_epoch(&self) -> Epoch {
-            self.log.start_epoch()
-        }
-        fn end_offset(&self) -> Offset {
-            self.log.end_offset()
-        }
-        fn epoch_cache(&self) -> Vec<(Epoch, Offset)> {
-            self.log.epoch_cache()
-        }
-    }
 
     /// The observer's network: every request it sends lands in the test's
     /// channel, for the test to answer as the leader.
@@ -1886,17 +1827,16 @@ mod snapshot_fetch_tests {
         sent: mpsc::UnboundedReceiver<SendRequest>,
         appender: LogAppender,
         storage_thread: std::thread::JoinHandle<()>,
-        stall: Arc<Mutex<Option<Stall>>>,
+        stall: FlushGate,
         stopped: oneshot::Receiver<StopReason>,
     }
 
     impl Observer {
         fn start(dir: &Path) -> Observer {
-            let stall = Arc::new(Mutex::new(None));
-            let disk = StallingDisk {
-                log: MemoryStore::new(),
-                stall: stall.clone(),
-            };
+            // A memory store whose flush can be made to hang: a disk slower
+            // than the network, which the storage thread waits for.
+            let (disk, _) = store();
+            let stall = disk.gate.clone();
             let election = disk.election_state().unwrap();
             let log = LogView::new(
                 disk.start_offset(),
@@ -1906,7 +1846,7 @@ mod snapshot_fetch_tests {
             );
             let (events, storage_events) = mpsc::unbounded_channel();
             let (appender, storage_thread) =
-                LogAppender::spawn(OBSERVER, Box::new(NoHint(disk)), Some(dir.into()), events).unwrap();
+                LogAppender::spawn(OBSERVER, Box::new(disk), Some(dir.into()), events).unwrap();
             let (to_test, sent) = mpsc::unbounded_channel();
             let wire = Wire(to_test).start();
             let voters: BTreeMap<NodeId, String> = [(LEADER, "127.0.0.1:9001".to_string())].into();
@@ -1970,13 +1910,14 @@ mod snapshot_fetch_tests {
         /// at a time, in order, and a chunk queued now is not in the file
         /// (nor reported written) until the flush ends, as if its own write
         /// were that slow.
-        async fn stall_the_disk(&self) -> std::sync::mpsc::Sender<()> {
-            let (held, stalled) = oneshot::channel();
+        /// Blocks this thread until then: the storage thread needs nothing
+        /// from it to start the flush.
+        fn stall_the_disk(&self) -> std::sync::mpsc::Sender<()> {
+            let (entered, stalled) = std::sync::mpsc::channel();
             let (release, waiting) = std::sync::mpsc::channel();
-            *self.stall.lock().unwrap() = Some(Stall { held, release: waiting });
+            *self.stall.lock().unwrap() = Some((entered, waiting));
             self.appender.flush().unwrap();
-            let stalled = tokio::time::timeout(LIVENESS_WAIT, stalled).await;
-            stalled.expect("the disk stalls").expect("the storage thread runs");
+            stalled.recv_timeout(LIVENESS_WAIT).expect("the disk stalls");
             release
         }
 
@@ -2067,7 +2008,7 @@ mod snapshot_fetch_tests {
         // The first chunk goes to a disk that has stalled...
         let first = node.next_request().await;
         assert_eq!(snapshot_position(&first), Some(0), "{first:?}");
-        let release = node.stall_the_disk().await;
+        let release = node.stall_the_disk();
         node.answer(&first, chunk_answer(id, &file, 0, chunk)).await;
         // ...and the engine asks for the next one at once, which the leader
         // answers while the first is still on its way to the file.
