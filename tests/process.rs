@@ -294,6 +294,28 @@ fn read_log(node: &Node) -> (i64, CommittedLog) {
     (hw, out)
 }
 
+/// Asserts that every acknowledged append (offset → value) is in `log`
+/// at its offset; `what` names the log in the failure.
+fn assert_log_holds(log: &CommittedLog, acked: &BTreeMap<i64, String>, what: &str) {
+    for (offset, value) in acked {
+        assert_eq!(
+            log.get(offset),
+            Some(&("data".to_string(), Some(value.clone()))),
+            "{what} at {offset}"
+        );
+    }
+}
+
+/// The committed log of a restarted single node, once its high watermark
+/// passed the last acknowledged append.
+fn recommitted_log(cluster: &Cluster, acked: &BTreeMap<i64, String>) -> CommittedLog {
+    let last = *acked.keys().last().unwrap();
+    wait_until("the restarted node recommits its log", cluster, || {
+        read_log(&cluster.nodes[0]).0 > last
+    });
+    read_log(&cluster.nodes[0]).1
+}
+
 fn wait_until(what: &str, cluster: &Cluster, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while Instant::now() < deadline {
@@ -449,18 +471,8 @@ fn a_single_node_restarts_after_kill9_with_its_data() {
         new_epoch > epoch,
         "a restarted single voter elects itself in a new epoch"
     );
-    let last = *acked.keys().last().unwrap();
-    wait_until("restarted node did not recommit its log", &cluster, || {
-        read_log(&cluster.nodes[0]).0 > last
-    });
-    let (_, log) = read_log(&cluster.nodes[0]);
-    for (offset, value) in &acked {
-        assert_eq!(
-            log.get(offset),
-            Some(&("data".to_string(), Some(value.clone()))),
-            "offset {offset}"
-        );
-    }
+    let log = recommitted_log(&cluster, &acked);
+    assert_log_holds(&log, &acked, "acknowledged append");
 }
 
 // ---------------------------------------------------------------------
@@ -577,13 +589,7 @@ fn an_observer_replicates_but_never_votes() {
     let target_hw = acked.keys().last().unwrap() + 1;
     wait_for_observer_to_converge(&cluster, 4, leader, target_hw);
     let (_, observer_log) = read_log(cluster.node_ref(4));
-    for (offset, value) in &acked {
-        assert_eq!(
-            observer_log.get(offset),
-            Some(&("data".to_string(), Some(value.clone()))),
-            "observer at {offset}"
-        );
-    }
+    assert_log_holds(&observer_log, &acked, "observer");
     // Still an observer, never a voter, after all that traffic.
     let q = cluster.node_ref(4).quorum().unwrap();
     assert_eq!(q["role"], "observer", "{q}");
@@ -605,13 +611,7 @@ fn an_observer_replicates_but_never_votes() {
     let target_hw = acked.keys().last().unwrap() + 1;
     wait_for_observer_to_converge(&cluster, 4, leader, target_hw);
     let (_, observer_log) = read_log(cluster.node_ref(4));
-    for (offset, value) in &acked {
-        assert_eq!(
-            observer_log.get(offset),
-            Some(&("data".to_string(), Some(value.clone()))),
-            "restarted observer at {offset}"
-        );
-    }
+    assert_log_holds(&observer_log, &acked, "restarted observer");
 
     // Never votes: with two of the three voters dead, the last voter and the
     // observer are no majority, so no leader can be elected. Any leader would
@@ -838,13 +838,7 @@ fn a_torn_batch_past_the_log_end_is_truncated_and_every_acknowledged_append_surv
 
     restart_and_check_truncation(&mut cluster, epoch, end, &kept);
     let (_, log) = read_log(&cluster.nodes[0]);
-    for (offset, value) in &acked {
-        assert_eq!(
-            log.get(offset),
-            Some(&("data".to_string(), Some(value.clone()))),
-            "acknowledged append at {offset}"
-        );
-    }
+    assert_log_holds(&log, &acked, "acknowledged append");
 }
 
 /// Damage that a torn tail cannot explain refuses to start, and removes nothing:
@@ -1186,16 +1180,6 @@ fn a_failed_fdatasync_acknowledges_nothing_and_stops_the_node() {
 
     cluster.nodes[0].start();
     cluster.wait_for_leader(epoch);
-    let last = *acked.keys().last().unwrap();
-    wait_until("the restarted node recommits its log", &cluster, || {
-        read_log(&cluster.nodes[0]).0 > last
-    });
-    let (_, log) = read_log(&cluster.nodes[0]);
-    for (offset, value) in &acked {
-        assert_eq!(
-            log.get(offset),
-            Some(&("data".to_string(), Some(value.clone()))),
-            "offset {offset}"
-        );
-    }
+    let log = recommitted_log(&cluster, &acked);
+    assert_log_holds(&log, &acked, "acknowledged append");
 }
