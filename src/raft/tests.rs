@@ -74,6 +74,22 @@ fn vote_req(epoch: Epoch, candidate: NodeId, last_epoch: Epoch, end: Offset, pre
     })
 }
 
+fn begin_req(epoch: Epoch, leader: NodeId) -> RaftRequest {
+    RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
+        epoch,
+        leader_id: leader,
+        leader_endpoint: format!("127.0.0.1:{}", 9000 + leader),
+    })
+}
+
+fn end_req(epoch: Epoch, leader: NodeId, preferred_successors: Vec<NodeId>) -> RaftRequest {
+    RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
+        epoch,
+        leader_id: leader,
+        preferred_successors,
+    })
+}
+
 fn granted(actions: &[Action]) -> bool {
     match responses(actions).last() {
         Some(RaftResponse::Vote(v)) => v.vote_granted,
@@ -744,16 +760,7 @@ fn begin_quorum_epoch_makes_a_follower() {
             leader_id: None,
         },
     );
-    node.handle_request(
-        1,
-        3,
-        1,
-        RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
-            epoch: 2,
-            leader_id: 3,
-            leader_endpoint: "x".into(),
-        }),
-    );
+    node.handle_request(1, 3, 1, begin_req(2, 3));
     let actions = node.take_actions();
     assert_eq!((node.role().role, node.role().leader_id), (RoleKind::Follower, Some(3)));
     assert_eq!(
@@ -765,16 +772,7 @@ fn begin_quorum_epoch_makes_a_follower() {
         }],
         "the vote is kept"
     );
-    node.handle_request(
-        2,
-        2,
-        2,
-        RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
-            epoch: 1,
-            leader_id: 2,
-            leader_endpoint: "x".into(),
-        }),
-    );
+    node.handle_request(2, 2, 2, begin_req(1, 2));
     match responses(&node.take_actions()).last() {
         Some(RaftResponse::BeginQuorumEpoch(r)) => assert_eq!((r.error, r.epoch), (ErrorCode::FencedLeaderEpoch, 2)),
         other => panic!("{other:?}"),
@@ -856,16 +854,7 @@ fn end_quorum_epoch_makes_the_first_successor_campaign_at_once() {
         },
     );
     node.take_actions();
-    node.handle_request(
-        100,
-        1,
-        1,
-        RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
-            epoch: 2,
-            leader_id: 1,
-            preferred_successors: vec![3, 2],
-        }),
-    );
+    node.handle_request(100, 1, 1, end_req(2, 1, vec![3, 2]));
     node.tick(100);
     assert_eq!(node.role().role, RoleKind::Prospective, "rank 0 waits no time");
     let mut second = start(
@@ -877,16 +866,7 @@ fn end_quorum_epoch_makes_the_first_successor_campaign_at_once() {
             leader_id: Some(1),
         },
     );
-    second.handle_request(
-        100,
-        1,
-        1,
-        RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
-            epoch: 2,
-            leader_id: 1,
-            preferred_successors: vec![3, 2],
-        }),
-    );
+    second.handle_request(100, 1, 1, end_req(2, 1, vec![3, 2]));
     second.tick(150);
     assert_eq!(second.role().role, RoleKind::Follower);
     second.tick(201);
@@ -2482,11 +2462,7 @@ fn an_observer_never_fetches_past_its_flushed_end() {
 fn a_peer_sending_the_largest_epoch_cannot_panic_the_node() {
     let mut node = start(1, &[1, 2, 3], ElectionState::default());
     node.take_actions();
-    let begin = RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
-        epoch: Epoch::MAX,
-        leader_id: 2,
-        leader_endpoint: "127.0.0.1:9002".into(),
-    });
+    let begin = begin_req(Epoch::MAX, 2);
     node.handle_request(1, 2, 1, begin);
     assert_eq!(persisted(&node.take_actions())[0].epoch, Epoch::MAX);
     assert_eq!(node.role().role, RoleKind::Follower);
@@ -2606,16 +2582,7 @@ fn a_follower_whose_leader_resigned_grants_pre_votes() {
         !granted(&node.take_actions()),
         "the leader fetched from 1 ms ago is live"
     );
-    node.handle_request(
-        7,
-        1,
-        2,
-        RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
-            epoch: 1,
-            leader_id: 1,
-            preferred_successors: vec![3, 2],
-        }),
-    );
+    node.handle_request(7, 1, 2, end_req(1, 1, vec![3, 2]));
     node.take_actions();
     assert_eq!(node.role().role, RoleKind::Follower);
     node.handle_request(8, 3, 3, vote_req(2, 3, 0, 0, true));
@@ -2639,16 +2606,7 @@ fn a_vote_is_not_carried_into_a_later_epoch() {
         },
     );
     node.take_actions();
-    node.handle_request(
-        1,
-        3,
-        1,
-        RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
-            epoch: 2,
-            leader_id: 3,
-            leader_endpoint: "x".into(),
-        }),
-    );
+    node.handle_request(1, 3, 1, begin_req(2, 3));
     let actions = node.take_actions();
     assert_eq!(
         persisted(&actions),
@@ -2676,16 +2634,7 @@ fn begin_quorum_epoch_from_a_second_leader_of_the_same_epoch_is_refused() {
         },
     );
     node.take_actions();
-    node.handle_request(
-        1,
-        3,
-        1,
-        RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
-            epoch: 5,
-            leader_id: 3,
-            leader_endpoint: "x".into(),
-        }),
-    );
+    node.handle_request(1, 3, 1, begin_req(5, 3));
     let actions = node.take_actions();
     match responses(&actions).last() {
         Some(RaftResponse::BeginQuorumEpoch(r)) => {
@@ -2711,16 +2660,7 @@ fn end_quorum_epoch_makes_a_voter_not_named_wait_the_longest_backoff() {
         },
     );
     node.take_actions();
-    node.handle_request(
-        100,
-        1,
-        1,
-        RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
-            epoch: 2,
-            leader_id: 1,
-            preferred_successors: vec![3],
-        }),
-    );
+    node.handle_request(100, 1, 1, end_req(2, 1, vec![3]));
     node.tick(100 + 1000 - 1);
     assert_eq!(node.role().role, RoleKind::Follower, "not a successor: waits 1000 ms");
     node.tick(100 + 1000);
@@ -3069,15 +3009,6 @@ fn end_quorum_epoch_makes_an_unattached_successor_campaign_at_once() {
         },
     );
     node.take_actions();
-    node.handle_request(
-        100,
-        1,
-        1,
-        RaftRequest::EndQuorumEpoch(EndQuorumEpochRequest {
-            epoch: 3,
-            leader_id: 1,
-            preferred_successors: vec![2, 3],
-        }),
-    );
+    node.handle_request(100, 1, 1, end_req(3, 1, vec![2, 3]));
     assert_eq!((node.role().role, node.role().epoch), (RoleKind::Prospective, 3));
 }
