@@ -709,6 +709,41 @@ fn pre_vote_changes_nothing_and_respects_a_live_leader() {
     assert_eq!(unattached.election_state().voted_for, Some(2));
 }
 
+/// KIP-996: a pre-vote is granted only to a candidate whose log is at
+/// least as up to date as ours, like a vote. Otherwise a node that cannot
+/// win the election would still bump everyone's epoch.
+#[test]
+fn a_pre_vote_is_refused_to_a_candidate_whose_log_is_behind() {
+    // Our log: epoch 1 at [0,2), epoch 3 at [2,5). No leader: only the
+    // log decides.
+    let election = ElectionState {
+        epoch: 3,
+        voted_for: None,
+        leader_id: None,
+    };
+    let mut node = RaftNode::new(
+        config(1, &[1, 2, 3]),
+        election.clone(),
+        log_of(&[(1, 0), (3, 2)], 5),
+        0,
+        1,
+    );
+    node.take_actions();
+    let cases = [
+        (2, 100, false, "an older last epoch"),
+        (3, 4, false, "the same last epoch, a shorter log"),
+        (3, 5, true, "the same log"),
+        (4, 1, true, "a newer last epoch"),
+    ];
+    for (request_id, (last_epoch, end, grant, what)) in (1..).zip(cases) {
+        node.handle_request(1, 2, request_id, vote_req(4, 2, last_epoch, end, true));
+        let actions = node.take_actions();
+        assert_eq!(granted(&actions), grant, "{what}");
+        assert!(persisted(&actions).is_empty(), "{what}: a pre-vote persists nothing");
+    }
+    assert_eq!(node.election_state(), &election);
+}
+
 #[test]
 fn a_non_voter_candidate_is_refused() {
     let mut node = start(1, &[1, 2, 3], ElectionState::default());
@@ -2356,6 +2391,78 @@ fn an_install_slower_than_the_fetch_timeout_leaves_a_follower_that_fetches() {
         RoleKind::Prospective,
         "a leader silent for the fetch timeout after the install is presumed gone"
     );
+}
+
+/// Every successful answer from the leader restarts the fetch timeout
+/// (Kafka's `resetFetchTimeoutForSuccessfulFetch`): a follower that keeps
+/// hearing from its leader never campaigns, whatever the answer carried.
+#[test]
+fn every_kind_of_successful_fetch_answer_restarts_the_fetch_timeout() {
+    let timeout = RaftConfig::new(1, BTreeMap::new(), String::new()).fetch_timeout_ms;
+    // Each case: a follower, and the time of the successful answer it got.
+    let mut cases: Vec<(&str, RaftNode, u64)> = Vec::new();
+
+    let (mut node, corr) = follower_with_fetch();
+    node.handle_response(timeout - 1, 1, corr, data_response(1, 0, vec![]));
+    cases.push(("an answer with no batches", node, timeout - 1));
+
+    let (mut node, corr) = follower_with_fetch();
+    let batch = Batch::new(0, 1, &[Record::NoOp]);
+    node.handle_response(timeout - 1, 1, corr, data_response(1, 0, vec![batch]));
+    cases.push(("an answer with batches", node, timeout - 1));
+
+    let election = ElectionState {
+        epoch: 3,
+        voted_for: None,
+        leader_id: Some(1),
+    };
+    let mut node = RaftNode::new(config(2, &[1, 2, 3]), election, log_of(&[(1, 0), (2, 3)], 6), 0, 1);
+    let (_, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
+    let diverging = RaftResponse::Fetch(FetchResponse {
+        error: ErrorCode::None,
+        epoch: 3,
+        leader_id: Some(1),
+        high_watermark: 0,
+        log_start_offset: 0,
+        diverging_epoch: Some(DivergingEpoch {
+            epoch: 1,
+            end_offset: 3,
+        }),
+        snapshot_id: None,
+        batches: vec![],
+    });
+    node.handle_response(timeout - 1, 1, corr, diverging);
+    assert!(node.take_actions().contains(&Action::Truncate { end_offset: 3 }));
+    cases.push(("a diverging epoch", node, timeout - 1));
+
+    let election = ElectionState {
+        epoch: 5,
+        voted_for: None,
+        leader_id: Some(2),
+    };
+    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
+    let (_, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
+    node.handle_response(timeout - 1, 2, corr, snapshot_needed());
+    assert!(matches!(next_request(&mut node).1, RaftRequest::FetchSnapshot(_)));
+    cases.push(("a snapshot to fetch", node, timeout - 1));
+
+    // Told to fetch the snapshot at 1; the first chunk comes at `timeout`.
+    let mut node = follower_behind_the_log_start();
+    let (corr, _) = next_request(&mut node);
+    node.handle_response(timeout, 2, corr, chunk(0, 10, 25));
+    cases.push(("a snapshot chunk", node, timeout));
+
+    for (what, mut node, at) in cases {
+        node.take_actions();
+        node.tick(at + timeout - 1);
+        assert_eq!(node.role().role, RoleKind::Follower, "{what}");
+        node.tick(at + timeout);
+        assert_eq!(
+            node.role().role,
+            RoleKind::Prospective,
+            "{what}: the timeout runs from the last success"
+        );
+    }
 }
 
 #[test]
