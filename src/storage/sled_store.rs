@@ -97,9 +97,16 @@
 //! That covers damage to our values. Damage inside sled's own data file is
 //! different: sled's recovery silently keeps only what precedes the first
 //! damaged record of its log (measured: random byte flips bring back a
-//! shorter log, sometimes an empty one). The hint catches such a loss only
-//! if the hint itself survived; the identity file ([`IDENTITY_FILE`], outside
-//! sled) catches the empty case.
+//! shorter log, sometimes an empty one): the log, the hint and the election
+//! state all go back together, to a state that is consistent and old. Two
+//! files outside sled catch that. The identity file ([`IDENTITY_FILE`])
+//! catches the empty case. The checkpoint file ([`CHECKPOINT_FILE`], like
+//! Kafka's `replication-offset-checkpoint`) holds the newest epoch and
+//! high watermark hint this store made durable in sled, written after them
+//! (at every election state, and at a flush that carries a new hint: at
+//! most about once a second). An open whose sled state is behind it refuses
+//! to start, since the node would otherwise serve a log without records it
+//! had committed, or vote a second time in an epoch.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -131,6 +138,8 @@ const DATA_FILE: &str = "db";
 /// durable; its only job is to notice a sled database that lost its
 /// contents (see [`SledStore::open`]).
 pub const IDENTITY_FILE: &str = "meta.properties";
+/// The checkpoint file in the data dir, outside sled: see the module docs.
+pub const CHECKPOINT_FILE: &str = "quorum.checkpoint";
 /// Where sled 0.34 puts values and pages too large for a segment.
 const BLOB_DIR: &str = "blobs";
 /// sled's own configuration file, written once when the database is created.
@@ -237,6 +246,8 @@ pub struct SledStore {
     high_watermark_hint: Offset,
     /// The hint as last written to `meta`, to skip rewriting an unchanged one.
     persisted_hw_hint: Offset,
+    /// What [`CHECKPOINT_FILE`] holds now (as this store last wrote or read it).
+    checkpoint: Option<Checkpoint>,
     /// Number of `fdatasync`s of `data_file`: one per durability point.
     fsync_count: u64,
     /// Held for writing while a truncation, a compaction or a reset removes
@@ -315,9 +326,21 @@ impl SledStore {
             ));
         }
         let election = load_election_state(dir, &election_tree)?;
-        let high_watermark_hint = load_hw_hint(dir, &meta)?;
+        let sled_hw_hint = load_hw_hint(dir, &meta)?;
         let log_start = load_log_start(dir, &meta)?;
-        let recovered = recover_log(&log, &log_start, high_watermark_hint)?;
+        let recovered = recover_log(&log, &log_start, sled_hw_hint)?;
+        // A new data dir, or one reformatted on purpose (its identity file
+        // deleted), starts a new history: an old checkpoint there is void.
+        let checkpoint = if fresh && identity_file.is_none() {
+            None
+        } else {
+            read_checkpoint_file(dir)?
+        };
+        if let Some(checkpoint) = &checkpoint {
+            check_against_checkpoint(dir, checkpoint, &election, recovered.end_offset)?;
+        }
+        // Passed the check: the log ends at or above the checkpoint's hint.
+        let high_watermark_hint = sled_hw_hint.max(checkpoint.map_or(0, |c| c.high_watermark));
 
         let mut store = SledStore {
             dir: dir.to_path_buf(),
@@ -335,7 +358,8 @@ impl SledStore {
             end_offset: recovered.end_offset,
             epochs: recovered.epochs,
             high_watermark_hint,
-            persisted_hw_hint: high_watermark_hint,
+            persisted_hw_hint: sled_hw_hint,
+            checkpoint,
             fsync_count: 0,
             truncation_lock: Arc::new(RwLock::new(())),
             poisoned: Arc::new(OnceLock::new()),
@@ -394,6 +418,12 @@ impl SledStore {
         if identity_file.is_none_or(|found| found.format_version != FORMAT_VERSION) {
             write_identity_file(dir, &expected)?;
         }
+        if store.high_watermark_hint != store.persisted_hw_hint {
+            // The checkpoint's hint was ahead of sled's: sled holds it again
+            // before anything else is written.
+            store.flush()?;
+        }
+        store.write_checkpoint()?;
         Ok(store)
     }
 
@@ -474,6 +504,24 @@ impl SledStore {
         self.blobs.sync_new(self.db.blobs_written())?;
         self.data_file.sync_data()?;
         self.fsync_count += 1;
+        Ok(())
+    }
+
+    /// Brings [`CHECKPOINT_FILE`] up to what sled holds durably, if that
+    /// moved: the epoch of the election state and the persisted hint. Only
+    /// ever called after the durability point that made them durable, so
+    /// the file never runs ahead of sled.
+    fn write_checkpoint(&mut self) -> Result<()> {
+        let current = Checkpoint {
+            epoch: self.election.epoch,
+            voted_for: self.election.voted_for,
+            high_watermark: self.persisted_hw_hint,
+        };
+        if self.checkpoint == Some(current) {
+            return Ok(());
+        }
+        write_checkpoint_file(&self.dir, &current)?;
+        self.checkpoint = Some(current);
         Ok(())
     }
 
@@ -566,7 +614,7 @@ impl LogStore for SledStore {
             .map_err(sled_error)?;
         self.make_durable()?;
         self.election = state.clone();
-        Ok(())
+        self.write_checkpoint()
     }
 
     fn append(&mut self, batch: &Batch) -> Result<()> {
@@ -652,7 +700,7 @@ impl LogStore for SledStore {
         }
         self.make_durable()?;
         self.persisted_hw_hint = hint;
-        Ok(())
+        self.write_checkpoint()
     }
 
     fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>> {
@@ -1493,6 +1541,15 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db> {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Ok(Err(sled::Error::Io(io))) => return Err(StorageError::Io(io)),
+            Ok(Err(sled::Error::Corruption { .. })) => {
+                // sled's own message names no file ("Read corrupted data at
+                // file offset None"): its settings (`conf`) or its log (`db`).
+                return Err(StorageError::Sled(format!(
+                    "the sled database in {} is damaged: sled cannot read its settings file {CONF_FILE} \
+                     or its data file {DATA_FILE} (sled's log lines above name the part)",
+                    sled_dir.display()
+                )));
+            }
             Ok(Err(other)) => {
                 return Err(StorageError::Sled(format!(
                     "cannot open the sled database in {}: {other}",
@@ -1580,32 +1637,15 @@ fn identity_mismatch(dir: &Path, found: &Identity, expected: &Identity) -> Stora
 /// `format.version`), `#` comments. `None` when the file does not exist.
 fn read_identity_file(dir: &Path) -> Result<Option<Identity>> {
     let path = dir.join(IDENTITY_FILE);
-    let text = match fs::read(&path) {
-        Ok(bytes) if bytes.len() > SMALL_VALUE_LIMIT as usize => {
-            return Err(damaged_file(&path, "is too large to be an identity file"))
-        }
-        Ok(bytes) => String::from_utf8(bytes).map_err(|_| damaged_file(&path, "is not UTF-8"))?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
+    let Some(properties) = read_properties(&path, "an identity file")? else {
+        return Ok(None);
     };
     let (mut cluster_id, mut node_id, mut format_version) = (None, None, None);
-    for line in text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-    {
-        let Some((key, value)) = line.split_once('=') else {
-            return Err(damaged_file(
-                &path,
-                &format!("has a line that is not key=value: {line:?}"),
-            ));
-        };
-        let value = value.trim();
-        let bad_number = || damaged_file(&path, &format!("has a bad number for {}: {value:?}", key.trim()));
-        match key.trim() {
-            "cluster.id" => cluster_id = Some(value.to_string()),
-            "node.id" => node_id = Some(value.parse::<NodeId>().map_err(|_| bad_number())?),
-            "format.version" => format_version = Some(value.parse::<u32>().map_err(|_| bad_number())?),
+    for (key, value) in properties {
+        match key.as_str() {
+            "cluster.id" => cluster_id = Some(value),
+            "node.id" => node_id = Some(parse_property(&path, &key, &value)?),
+            "format.version" => format_version = Some(parse_property(&path, &key, &value)?),
             _ => {}
         }
     }
@@ -1616,6 +1656,144 @@ fn read_identity_file(dir: &Path) -> Result<Option<Identity>> {
             format_version,
         })),
         _ => Err(damaged_file(&path, "lacks one of cluster.id, node.id, format.version")),
+    }
+}
+
+/// The `key=value` lines of a small file, trimmed, without blank lines and
+/// `#` comments. `None` when the file does not exist.
+fn read_properties(path: &Path, what: &str) -> Result<Option<Vec<(String, String)>>> {
+    let text = match fs::read(path) {
+        Ok(bytes) if bytes.len() > SMALL_VALUE_LIMIT as usize => {
+            return Err(damaged_file(path, &format!("is too large to be {what}")))
+        }
+        Ok(bytes) => String::from_utf8(bytes).map_err(|_| damaged_file(path, "is not UTF-8"))?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut properties = Vec::new();
+    for line in text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let Some((key, value)) = line.split_once('=') else {
+            return Err(damaged_file(
+                path,
+                &format!("has a line that is not key=value: {line:?}"),
+            ));
+        };
+        properties.push((key.trim().to_string(), value.trim().to_string()));
+    }
+    Ok(Some(properties))
+}
+
+fn parse_property<T: std::str::FromStr>(path: &Path, key: &str, value: &str) -> Result<T> {
+    value
+        .parse()
+        .map_err(|_| damaged_file(path, &format!("has a bad number for {key}: {value:?}")))
+}
+
+/// What [`CHECKPOINT_FILE`] records: see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Checkpoint {
+    epoch: Epoch,
+    voted_for: Option<NodeId>,
+    high_watermark: Offset,
+}
+
+/// Reads [`CHECKPOINT_FILE`]: `epoch`, `voted.for` (empty for none) and
+/// `high.watermark` lines. `None` when the file does not exist (a data dir
+/// from before it, or one never flushed).
+fn read_checkpoint_file(dir: &Path) -> Result<Option<Checkpoint>> {
+    let path = dir.join(CHECKPOINT_FILE);
+    let Some(properties) = read_properties(&path, "a checkpoint file")? else {
+        return Ok(None);
+    };
+    let (mut epoch, mut voted_for, mut high_watermark) = (None, None, None);
+    for (key, value) in properties {
+        match key.as_str() {
+            "epoch" => epoch = Some(parse_property::<Epoch>(&path, &key, &value)?),
+            "voted.for" if value.is_empty() => voted_for = Some(None),
+            "voted.for" => voted_for = Some(Some(parse_property::<NodeId>(&path, &key, &value)?)),
+            "high.watermark" => high_watermark = Some(parse_property::<Offset>(&path, &key, &value)?),
+            _ => {}
+        }
+    }
+    match (epoch, voted_for, high_watermark) {
+        (Some(epoch), Some(voted_for), Some(high_watermark)) if epoch >= 0 && high_watermark >= 0 => {
+            Ok(Some(Checkpoint {
+                epoch,
+                voted_for,
+                high_watermark,
+            }))
+        }
+        (Some(_), Some(_), Some(_)) => Err(damaged_file(&path, "has a negative epoch or high watermark")),
+        _ => Err(damaged_file(&path, "lacks one of epoch, voted.for, high.watermark")),
+    }
+}
+
+/// Writes [`CHECKPOINT_FILE`]: temporary file, fdatasync, rename. Without
+/// a sync of the directory a crash may bring back the file before, which is
+/// behind sled too and so as good a check.
+fn write_checkpoint_file(dir: &Path, checkpoint: &Checkpoint) -> Result<()> {
+    let path = dir.join(CHECKPOINT_FILE);
+    let temporary = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
+    let voted_for = checkpoint.voted_for.map(|id| id.to_string()).unwrap_or_default();
+    let text = format!(
+        "# What this node made durable in sled/, checked at every start: sled must not be behind it.\n\
+         epoch={}\nvoted.for={voted_for}\nhigh.watermark={}\n",
+        checkpoint.epoch, checkpoint.high_watermark
+    );
+    let mut file = File::create(&temporary)?;
+    io::Write::write_all(&mut file, text.as_bytes())?;
+    file.sync_data()?;
+    fs::rename(&temporary, &path)?;
+    Ok(())
+}
+
+/// sled came back behind the checkpoint: it lost writes it had made durable.
+fn check_against_checkpoint(
+    dir: &Path,
+    checkpoint: &Checkpoint,
+    election: &ElectionState,
+    log_end: Offset,
+) -> Result<()> {
+    let lost = if election.epoch < checkpoint.epoch {
+        Some(format!(
+            "its election state is of epoch {}, but this node had reached epoch {}: it could vote twice in one epoch",
+            election.epoch, checkpoint.epoch
+        ))
+    } else if election.epoch == checkpoint.epoch
+        && checkpoint.voted_for.is_some()
+        && election.voted_for.is_some()
+        && election.voted_for != checkpoint.voted_for
+    {
+        Some(format!(
+            "its election state votes for {:?} in epoch {}, but this node had voted for {:?}",
+            election.voted_for, election.epoch, checkpoint.voted_for
+        ))
+    } else if log_end < checkpoint.high_watermark {
+        Some(format!(
+            "its log ends at offset {log_end}, but offsets below {} were committed and durable here: \
+             it would serve a log without records it had committed",
+            checkpoint.high_watermark
+        ))
+    } else {
+        None
+    };
+    match lost {
+        None => Ok(()),
+        Some(what) => Err(corrupt(
+            log_end,
+            &format!(
+                "the sled database in {} is behind {}: {what}. sled lost writes it had made durable \
+                 (a damaged file?). Refusing to start; if the node has peers, delete the data directory {} \
+                 to rebuild it from them",
+                dir.join(SLED_SUBDIR).display(),
+                dir.join(CHECKPOINT_FILE).display(),
+                dir.display()
+            ),
+        )),
     }
 }
 
