@@ -1736,19 +1736,13 @@ fn read_checkpoint_file(dir: &Path) -> Result<Option<Checkpoint>> {
 /// a sync of the directory a crash may bring back the file before, which is
 /// behind sled too and so as good a check.
 fn write_checkpoint_file(dir: &Path, checkpoint: &Checkpoint) -> Result<()> {
-    let path = dir.join(CHECKPOINT_FILE);
-    let temporary = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
     let voted_for = checkpoint.voted_for.map(|id| id.to_string()).unwrap_or_default();
     let text = format!(
         "# What this node made durable in sled/, checked at every start: sled must not be behind it.\n\
          epoch={}\nvoted.for={voted_for}\nhigh.watermark={}\n",
         checkpoint.epoch, checkpoint.high_watermark
     );
-    let mut file = File::create(&temporary)?;
-    io::Write::write_all(&mut file, text.as_bytes())?;
-    file.sync_data()?;
-    fs::rename(&temporary, &path)?;
-    Ok(())
+    replace_file(dir, CHECKPOINT_FILE, &text)
 }
 
 /// sled came back behind the checkpoint: it lost writes it had made durable.
@@ -1800,17 +1794,24 @@ fn check_against_checkpoint(
 /// Writes [`IDENTITY_FILE`] atomically: temporary file, fsync, rename,
 /// fsync of the directory.
 fn write_identity_file(dir: &Path, identity: &Identity) -> Result<()> {
-    let path = dir.join(IDENTITY_FILE);
-    let temporary = dir.join(format!("{IDENTITY_FILE}.tmp"));
     let text = format!(
         "# Identity of this kraft data directory, checked at every start.\n\
          cluster.id={}\nnode.id={}\nformat.version={}\n",
         identity.cluster_id, identity.node_id, identity.format_version
     );
-    fs::write(&temporary, text)?;
-    File::open(&temporary)?.sync_all()?;
-    fs::rename(&temporary, &path)?;
+    replace_file(dir, IDENTITY_FILE, &text)?;
     File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+/// Replaces `dir/name` by a file holding `text`: written to `name.tmp`,
+/// fdatasync'd, renamed over it. Durable only once the caller syncs `dir`.
+fn replace_file(dir: &Path, name: &str, text: &str) -> Result<()> {
+    let temporary = dir.join(format!("{name}.tmp"));
+    let mut file = File::create(&temporary)?;
+    io::Write::write_all(&mut file, text.as_bytes())?;
+    file.sync_data()?;
+    fs::rename(&temporary, dir.join(name))?;
     Ok(())
 }
 
