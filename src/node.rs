@@ -504,24 +504,20 @@ fn recover_snapshots(dir: &Path, store: &mut dyn LogStore) -> Result<Vec<(Snapsh
     let start = store.start_offset();
     let Some(newest) = scan.newest else {
         if start > 0 {
-            return Err(StorageError::Corrupt {
-                offset: start,
-                reason: format!(
-                    "the log starts at {start} but no valid snapshot holds the records below it (damaged: {skipped:?})"
-                ),
-            });
+            return Err(StorageError::Damaged(format!(
+                "{}: the log starts at {start} but no valid snapshot holds the records below it (damaged: {skipped:?})",
+                dir.display()
+            )));
         }
         return Ok(Vec::new());
     };
     let id = newest.id();
     if id.end_offset < start {
-        return Err(StorageError::Corrupt {
-            offset: id.end_offset,
-            reason: format!(
-                "the newest valid snapshot ends at {} but the log starts at {start}: the records between are lost (damaged: {skipped:?})",
-                id.end_offset
-            ),
-        });
+        return Err(StorageError::Damaged(format!(
+            "{}: the newest valid snapshot ends at {} but the log starts at {start}: the records between are lost (damaged: {skipped:?})",
+            dir.display(),
+            id.end_offset
+        )));
     }
     if let Some(why) = log_continues_snapshot(&*store, id).err() {
         warn!(

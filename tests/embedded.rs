@@ -730,7 +730,8 @@ async fn a_damaged_snapshot_below_the_log_start_refuses_to_start() {
         Err(e) => {
             let message = e.to_string();
             assert!(
-                message.contains("no valid snapshot holds the records below it"),
+                message.contains("damaged data directory")
+                    && message.contains("no valid snapshot holds the records below it"),
                 "{message}"
             );
         }

@@ -1269,6 +1269,19 @@ fn expect_corrupt(result: kraft::storage::Result<SledStore>) -> (Offset, String)
     }
 }
 
+/// The message of a whole-directory error; it says what it is first.
+fn expect_damaged(result: kraft::storage::Result<SledStore>) -> String {
+    match result {
+        Err(error @ StorageError::Damaged(_)) => {
+            let message = error.to_string();
+            assert!(message.starts_with("damaged data directory: "), "{message}");
+            message
+        }
+        Err(other) => panic!("expected a Damaged error, got {other}"),
+        Ok(store) => panic!("expected a Damaged error, opened {store:?}"),
+    }
+}
+
 #[test]
 fn sled_reopen_keeps_flushed_log_and_election_state() {
     let dir = tempfile::tempdir().unwrap();
@@ -1496,8 +1509,7 @@ fn sled_a_database_that_lost_its_contents_is_refused() {
     write_sample_log(dir.path());
     assert!(dir.path().join(IDENTITY_FILE).exists());
     std::fs::remove_dir_all(sled_dir(dir.path())).unwrap();
-    let (offset, reason) = expect_corrupt(SledStore::open(dir.path(), CLUSTER, NODE));
-    assert_eq!(offset, 0);
+    let reason = expect_damaged(SledStore::open(dir.path(), CLUSTER, NODE));
     assert!(reason.contains("lost its contents"), "{reason}");
 }
 
@@ -1585,8 +1597,7 @@ fn open_after_sled_went_back(later: impl FnOnce(&mut SledStore)) -> Option<Strin
             assert_eq!(store.end_offset(), 4, "the older database");
             return None;
         }
-        Err(StorageError::Corrupt { reason, .. }) => reason,
-        Err(other) => panic!("expected a Corrupt error, got {other}"),
+        refused => expect_damaged(refused),
     };
     std::fs::remove_dir_all(sled_dir(dir.path())).unwrap();
     std::fs::rename(&newer, sled_dir(dir.path())).unwrap();
@@ -1654,8 +1665,8 @@ fn sled_the_checkpoint_file_is_checked_and_void_in_a_reformatted_dir() {
     ] {
         std::fs::write(&path, garbage).unwrap();
         with_raw_sled(dir.path(), |_| {});
-        let error = SledStore::open(dir.path(), CLUSTER, NODE).expect_err("garbage checkpoint file");
-        assert!(error.to_string().contains(CHECKPOINT_FILE), "{error}");
+        let error = expect_damaged(SledStore::open(dir.path(), CLUSTER, NODE));
+        assert!(error.contains(CHECKPOINT_FILE), "{error}");
     }
     // Reformatted on purpose: sled and the identity file gone.
     std::fs::remove_dir_all(sled_dir(dir.path())).unwrap();
@@ -1677,9 +1688,8 @@ fn sled_a_damaged_settings_file_is_a_clear_error() {
     let conf = sled_dir(dir.path()).join("conf");
     let text = std::fs::read(&conf).unwrap();
     std::fs::write(&conf, &text[..10]).unwrap();
-    let error = SledStore::open(dir.path(), CLUSTER, NODE).expect_err("a damaged conf");
-    let message = error.to_string();
-    assert!(message.contains("is damaged") && message.contains("conf"), "{message}");
+    let message = expect_damaged(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert!(message.contains("conf"), "{message}");
 }
 
 #[test]

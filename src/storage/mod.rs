@@ -34,6 +34,12 @@ pub enum StorageError {
     /// silently dropped.
     #[error("corrupt log batch at offset {offset}: {reason}")]
     Corrupt { offset: Offset, reason: String },
+    /// The data directory as a whole is damaged or inconsistent (sled lost
+    /// its contents or went back behind `quorum.checkpoint`, a file or value
+    /// outside the log cannot be read). Nothing is removed; the node
+    /// refuses to start.
+    #[error("damaged data directory: {0}")]
+    Damaged(String),
     /// The caller broke the log's contract (non-contiguous append, truncation
     /// inside a batch). A bug, reported rather than written.
     #[error("invalid log operation: {0}")]

@@ -314,16 +314,13 @@ impl SledStore {
         }
         let (fresh, meta_upgrade) = check_identity(dir, &meta, &election_tree, &log, &expected)?;
         if fresh && identity_file.is_some() {
-            return Err(corrupt(
-                0,
-                &format!(
-                    "the sled database in {} is empty, but {} says this data dir was in use: \
-                     sled lost its contents (damaged or deleted files?). Refusing to start as an \
-                     empty node; delete {IDENTITY_FILE} only to reformat this node on purpose",
-                    dir.join(SLED_SUBDIR).display(),
-                    dir.join(IDENTITY_FILE).display()
-                ),
-            ));
+            return Err(StorageError::Damaged(format!(
+                "the sled database in {} is empty, but {} says this data dir was in use: \
+                 sled lost its contents (damaged or deleted files?). Refusing to start as an \
+                 empty node; delete {IDENTITY_FILE} only to reformat this node on purpose",
+                dir.join(SLED_SUBDIR).display(),
+                dir.join(IDENTITY_FILE).display()
+            )));
         }
         let election = load_election_state(dir, &election_tree)?;
         let sled_hw_hint = load_hw_hint(dir, &meta)?;
@@ -1544,9 +1541,9 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db> {
             Ok(Err(sled::Error::Corruption { .. })) => {
                 // sled's own message names no file ("Read corrupted data at
                 // file offset None"): its settings (`conf`) or its log (`db`).
-                return Err(StorageError::Sled(format!(
-                    "the sled database in {} is damaged: sled cannot read its settings file {CONF_FILE} \
-                     or its data file {DATA_FILE} (sled's log lines above name the part)",
+                return Err(StorageError::Damaged(format!(
+                    "sled cannot read its settings file {CONF_FILE} or its data file {DATA_FILE} in {} \
+                     (sled's log lines above name the part)",
                     sled_dir.display()
                 )));
             }
@@ -1777,17 +1774,14 @@ fn check_against_checkpoint(
     };
     match lost {
         None => Ok(()),
-        Some(what) => Err(corrupt(
-            log_end,
-            &format!(
-                "the sled database in {} is behind {}: {what}. sled lost writes it had made durable \
-                 (a damaged file?). Refusing to start; if the node has peers, delete the data directory {} \
-                 to rebuild it from them",
-                dir.join(SLED_SUBDIR).display(),
-                dir.join(CHECKPOINT_FILE).display(),
-                dir.display()
-            ),
-        )),
+        Some(what) => Err(StorageError::Damaged(format!(
+            "the sled database in {} is behind {}: {what}. sled lost writes it had made durable \
+             (a damaged file?). Refusing to start; if the node has peers, delete the data directory {} \
+             to rebuild it from them",
+            dir.join(SLED_SUBDIR).display(),
+            dir.join(CHECKPOINT_FILE).display(),
+            dir.display()
+        ))),
     }
 }
 
@@ -1816,10 +1810,7 @@ fn replace_file(dir: &Path, name: &str, text: &str) -> Result<()> {
 }
 
 fn damaged_file(path: &Path, what: &str) -> StorageError {
-    StorageError::Io(io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("damaged file {}: {what}", path.display()),
-    ))
+    StorageError::Damaged(format!("{}: {what}", path.display()))
 }
 
 fn describe_identity(identity: &Identity) -> String {
@@ -1877,10 +1868,7 @@ fn load_log_start(dir: &Path, meta: &sled::Tree) -> Result<LogStart> {
 /// A damaged value outside the log. The log's own damage has
 /// [`StorageError::Corrupt`]; these have no offset to name.
 fn damaged_value(dir: &Path, tree: &str, what: &str) -> StorageError {
-    StorageError::Io(io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("damaged data directory {}: tree `{tree}` {what}", dir.display()),
-    ))
+    StorageError::Damaged(format!("{}: tree `{tree}` {what}", dir.display()))
 }
 
 fn check_usable(poisoned: &OnceLock<String>) -> Result<()> {
