@@ -1712,7 +1712,7 @@ impl RaftNode {
             ErrorCode::InconsistentVoterSet
         } else if req.epoch < self.election.epoch {
             ErrorCode::FencedLeaderEpoch
-        } else if req.leader_id == self.config.node_id {
+        } else if req.leader_id == self.config.node_id || req.leader_id != from {
             ErrorCode::InvalidRequest
         } else {
             match &self.role {
@@ -1746,10 +1746,14 @@ impl RaftNode {
 
     fn handle_end_quorum_epoch(&mut self, from: NodeId, request_id: u64, req: EndQuorumEpochRequest) {
         let mut error = ErrorCode::None;
-        if !self.config.is_voter() {
+        // As for BeginQuorumEpoch: only the voter that leads (or led) may
+        // resign, and it says so itself.
+        if !self.config.is_voter() || !self.config.voters.contains_key(&req.leader_id) {
             error = ErrorCode::InconsistentVoterSet;
         } else if req.epoch < self.election.epoch {
             error = ErrorCode::FencedLeaderEpoch;
+        } else if req.leader_id == self.config.node_id || req.leader_id != from {
+            error = ErrorCode::InvalidRequest;
         } else {
             // Shorten our wait by our rank among the preferred successors, so
             // the best-replicated voter campaigns first (KIP-595).

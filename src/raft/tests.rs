@@ -757,6 +757,42 @@ fn a_non_voter_candidate_is_refused() {
     }
 }
 
+/// BeginQuorumEpoch and EndQuorumEpoch come from the leader they name,
+/// and that leader is a voter (Kafka's `validateVoterOnlyRequest`); any
+/// other is refused and moves nothing, not even the epoch.
+#[test]
+fn quorum_epoch_requests_must_come_from_the_voter_they_name() {
+    let election = ElectionState {
+        epoch: 1,
+        voted_for: None,
+        leader_id: Some(2),
+    };
+    let refused = |from: NodeId, request: RaftRequest, error: ErrorCode, what: &str| {
+        let mut node = start(1, &[1, 2, 3], election.clone());
+        node.take_actions();
+        node.handle_request(1, from, 1, request);
+        let actions = node.take_actions();
+        match responses(&actions).last() {
+            Some(RaftResponse::BeginQuorumEpoch(r) | RaftResponse::EndQuorumEpoch(r)) => {
+                assert_eq!((r.error, r.epoch), (error, 1), "{what}")
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        assert!(persisted(&actions).is_empty(), "{what}: nothing is persisted");
+        assert_eq!(node.election_state(), &election, "{what}");
+    };
+    use ErrorCode::{InconsistentVoterSet as NotVoter, InvalidRequest as Invalid};
+    refused(9, end_req(5, 9, vec![1]), NotVoter, "End from a non-voter");
+    refused(2, end_req(5, 3, vec![1]), Invalid, "End for another voter");
+    refused(1, end_req(5, 1, vec![1]), Invalid, "End naming us");
+    refused(2, begin_req(5, 3), Invalid, "Begin for another voter");
+    // From the voter it names, the same request is taken.
+    let mut node = start(1, &[1, 2, 3], election.clone());
+    node.handle_request(1, 3, 1, end_req(5, 3, vec![1]));
+    node.take_actions();
+    assert_eq!(node.election_state().epoch, 5);
+}
+
 #[test]
 fn a_higher_epoch_in_any_response_moves_us_into_it() {
     let (mut node, now) = elect_leader();
