@@ -204,6 +204,37 @@ fn appends_handed_over_together_to_a_stalled_disk_are_bounded() {
     });
 }
 
+/// The bound counts what the appends take in the log, not their raw bytes:
+/// a hand-over of appends of empty records (12 bytes each in a batch, up to
+/// ~700,000 in one 8 MiB append, ~40 MB of memory while queued) is bounded
+/// too.
+#[test]
+fn appends_of_empty_records_handed_over_to_a_stalled_disk_are_bounded() {
+    use actor_sim::world::paused_system;
+    use kraft::node::AppendError;
+
+    const RECORDS: usize = 600_000;
+    const APPENDS: usize = 12;
+    paused_system().block_on(async {
+        let handle = stalled_single_node().await;
+        let (replies, answers): (Vec<_>, Vec<_>) = (0..APPENDS).map(|_| tokio::sync::oneshot::channel()).unzip();
+        handle.append_each(
+            replies
+                .into_iter()
+                .map(|reply| (vec![Vec::new(); RECORDS], reply))
+                .collect(),
+        );
+        let results = futures::future::join_all(answers).await;
+        let refused = results
+            .iter()
+            .filter(|r| matches!(r, Ok(Err(AppendError::Unavailable(why))) if why.contains("waiting for the disk")))
+            .count();
+        // Appends of 7.2 MB each: nine are below 64 MiB, the tenth passes it.
+        assert_eq!(refused, APPENDS - 10, "{results:?}");
+        handle.shutdown().await;
+    });
+}
+
 /// Client log reads share the storage queue with the log's own writes, so
 /// at most 32 wait on it at once; more are refused with a clear error and
 /// the node goes on.

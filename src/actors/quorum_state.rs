@@ -893,7 +893,8 @@ impl QuorumState {
             } else if role.role != RoleKind::Leader {
                 self.forward_local(role.leader_id, records, reply);
             } else {
-                accepting += records.iter().map(Vec::len).sum::<usize>();
+                // As the batch will count them: empty records take bytes too.
+                accepting += records.iter().map(|r| Record::data_encoded_len(r.len())).sum::<usize>();
                 accepted.push((records.into_iter().map(Record::Data).collect::<Vec<_>>(), reply));
             }
         }
