@@ -7,5 +7,5 @@ pub mod records;
 pub mod rpc;
 
 pub use codec::{Body, CodecError, Envelope};
-pub use records::{Batch, Record, MAX_BATCH_BYTES};
+pub use records::{Batch, Record, MAX_BATCH_BYTES, MAX_ENCODED_BATCH_BYTES};
 pub use rpc::*;

@@ -12,6 +12,12 @@ use crate::raft::{Epoch, NodeId, Offset, MAX_LOG_OFFSET};
 /// Largest batch, and largest fetch response, in bytes (Kafka's 8 MiB).
 pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
+/// Longest encoding of a batch ([`Batch::encoded_len`]) that
+/// [`Batch::verify`] accepts and every store keeps: twice the batch cap,
+/// plus the fixed header. A leader never builds one near it; a batch from a
+/// peer beyond it is refused before anything is written.
+pub const MAX_ENCODED_BATCH_BYTES: usize = 2 * MAX_BATCH_BYTES + 64;
+
 /// Bytes [`Batch::size_bytes`] counts besides the payload.
 const BATCH_SIZE_HEADER_BYTES: usize = 24;
 
@@ -140,13 +146,14 @@ impl Batch {
         crc32c::crc32c_append(crc32c::crc32c(&header), payload)
     }
 
-    /// True when the stored CRC matches the contents and the batch's
-    /// offsets are ones a log can hold (it ends at most at
-    /// [`MAX_LOG_OFFSET`]).
+    /// True when the stored CRC matches the contents, the batch's offsets
+    /// are ones a log can hold (it ends at most at [`MAX_LOG_OFFSET`]) and
+    /// its encoding is one a store keeps ([`MAX_ENCODED_BATCH_BYTES`]).
     pub fn verify(&self) -> bool {
         self.record_count >= 1
             && self.base_offset >= 0
             && self.base_offset <= MAX_LOG_OFFSET - self.record_count as Offset
+            && self.encoded_len() <= MAX_ENCODED_BATCH_BYTES
             && self.crc == Self::checksum(self.base_offset, self.epoch, self.record_count, &self.payload)
     }
 

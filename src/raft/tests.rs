@@ -1616,6 +1616,20 @@ fn a_damaged_or_misplaced_batch_is_not_written() {
     assert_eq!(node.log().end_offset(), 0, "a gap is refused");
 }
 
+/// A batch no store would keep (over [`MAX_ENCODED_BATCH_BYTES`], possible
+/// only when `listeners.max_frame_bytes` was raised) is refused like a
+/// damaged one, not handed to the store, which would stop the node.
+#[test]
+fn a_batch_too_large_to_store_is_not_written() {
+    use crate::messages::MAX_ENCODED_BATCH_BYTES;
+    let (mut node, corr) = follower_with_fetch();
+    let huge = Batch::new(0, 1, &[Record::Data(vec![7; MAX_ENCODED_BATCH_BYTES])]);
+    assert!(huge.encoded_len() > MAX_ENCODED_BATCH_BYTES);
+    node.handle_response(5, 1, corr, data_response(1, 1, vec![huge]));
+    assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
+    assert_eq!(node.log().end_offset(), 0);
+}
+
 #[test]
 fn a_batch_whose_offsets_run_past_the_largest_offset_is_not_written() {
     // A snapshot (from a leader that made one up) put our log end next to

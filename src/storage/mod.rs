@@ -130,10 +130,11 @@ pub const FORMAT_VERSION: u32 = 2;
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
 /// Largest encoded batch ([`Batch::encoded_len`]) a backend accepts, and the decode limit for a
-/// stored value: twice the 8 MiB batch cap, plus the fixed header. A batch
-/// the store could not decode again is refused at `append` rather than
-/// written ([`Batch::records`] decodes any payload it holds).
-pub const MAX_STORED_BATCH_BYTES: usize = 2 * crate::messages::MAX_BATCH_BYTES + 64;
+/// stored value: [`crate::messages::MAX_ENCODED_BATCH_BYTES`], the largest
+/// batch that verifies. A batch the store could not decode again is refused
+/// at `append` rather than written ([`Batch::records`] decodes any payload
+/// it holds).
+pub const MAX_STORED_BATCH_BYTES: usize = crate::messages::MAX_ENCODED_BATCH_BYTES;
 
 /// Checks every backend makes before it accepts a batch, so that both
 /// backends refuse exactly the same appends.
@@ -144,6 +145,16 @@ pub(crate) fn check_append(end_offset: Offset, last_epoch: Option<Epoch>, batch:
     if batch.base_offset != end_offset {
         return Err(StorageError::Invalid(format!(
             "append of a batch at offset {} to a log that ends at {end_offset}",
+            batch.base_offset
+        )));
+    }
+    // On its encoding, what sled stores and decodes again with this limit:
+    // a batch that passes is always read back. Checked before `verify`,
+    // which refuses it too, so that the error says what is wrong.
+    if batch.encoded_len() > MAX_STORED_BATCH_BYTES {
+        return Err(StorageError::Invalid(format!(
+            "append of a batch encoded in {} bytes at offset {}, above the limit of {MAX_STORED_BATCH_BYTES}",
+            batch.encoded_len(),
             batch.base_offset
         )));
     }
@@ -161,15 +172,6 @@ pub(crate) fn check_append(end_offset: Offset, last_epoch: Option<Epoch>, batch:
                 batch.epoch, batch.base_offset
             )));
         }
-    }
-    // On its encoding, what sled stores and decodes again with this limit:
-    // a batch that passes is always read back.
-    if batch.encoded_len() > MAX_STORED_BATCH_BYTES {
-        return Err(StorageError::Invalid(format!(
-            "append of a batch encoded in {} bytes at offset {}, above the limit of {MAX_STORED_BATCH_BYTES}",
-            batch.encoded_len(),
-            batch.base_offset
-        )));
     }
     Ok(())
 }
