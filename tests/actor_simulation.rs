@@ -170,31 +170,46 @@ fn appends_waiting_for_a_stalled_disk_are_bounded() {
     });
 }
 
+/// Hands `appends` to the node in one message (`append_each`, the HTTP
+/// path) and waits for every outcome; returns how many were refused as
+/// waiting for the disk, and the outcomes.
+async fn hand_over_and_count_refused(
+    handle: &kraft::node::NodeHandle,
+    appends: Vec<Vec<Vec<u8>>>,
+) -> (
+    usize,
+    Vec<Result<Result<kraft::node::Appended, kraft::node::AppendError>, tokio::sync::oneshot::error::RecvError>>,
+) {
+    use kraft::node::AppendError;
+    let (groups, answers): (Vec<_>, Vec<_>) = appends
+        .into_iter()
+        .map(|records| {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            ((records, reply), answer)
+        })
+        .unzip();
+    handle.append_each(groups);
+    let results = futures::future::join_all(answers).await;
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Err(AppendError::Unavailable(why))) if why.contains("waiting for the disk")))
+        .count();
+    (refused, results)
+}
+
 /// The same bound when the appends arrive in one hand-over (`append_each`,
 /// the HTTP workers' path): they reach storage together, yet the ones past
 /// ~64 MiB are refused.
 #[test]
 fn appends_handed_over_together_to_a_stalled_disk_are_bounded() {
     use actor_sim::world::paused_system;
-    use kraft::node::AppendError;
 
     const RECORD: usize = 1024 * 1024;
     const APPENDS: usize = 80;
     paused_system().block_on(async {
         let handle = stalled_single_node().await;
-        let (replies, answers): (Vec<_>, Vec<_>) = (0..APPENDS).map(|_| tokio::sync::oneshot::channel()).unzip();
-        handle.append_each(
-            replies
-                .into_iter()
-                .enumerate()
-                .map(|(i, reply)| (vec![vec![i as u8; RECORD]], reply))
-                .collect(),
-        );
-        let results = futures::future::join_all(answers).await;
-        let refused = results
-            .iter()
-            .filter(|r| matches!(r, Ok(Err(AppendError::Unavailable(why))) if why.contains("waiting for the disk")))
-            .count();
+        let appends = (0..APPENDS).map(|i| vec![vec![i as u8; RECORD]]).collect();
+        let (refused, _) = hand_over_and_count_refused(&handle, appends).await;
         assert!(refused > 0, "80 MiB were taken in one hand-over while the disk stalled");
         assert!(
             refused <= APPENDS - 56,
@@ -211,24 +226,13 @@ fn appends_handed_over_together_to_a_stalled_disk_are_bounded() {
 #[test]
 fn appends_of_empty_records_handed_over_to_a_stalled_disk_are_bounded() {
     use actor_sim::world::paused_system;
-    use kraft::node::AppendError;
 
     const RECORDS: usize = 600_000;
     const APPENDS: usize = 12;
     paused_system().block_on(async {
         let handle = stalled_single_node().await;
-        let (replies, answers): (Vec<_>, Vec<_>) = (0..APPENDS).map(|_| tokio::sync::oneshot::channel()).unzip();
-        handle.append_each(
-            replies
-                .into_iter()
-                .map(|reply| (vec![Vec::new(); RECORDS], reply))
-                .collect(),
-        );
-        let results = futures::future::join_all(answers).await;
-        let refused = results
-            .iter()
-            .filter(|r| matches!(r, Ok(Err(AppendError::Unavailable(why))) if why.contains("waiting for the disk")))
-            .count();
+        let appends = (0..APPENDS).map(|_| vec![Vec::new(); RECORDS]).collect();
+        let (refused, results) = hand_over_and_count_refused(&handle, appends).await;
         // Appends of 7.2 MB each: nine are below 64 MiB, the tenth passes it.
         assert_eq!(refused, APPENDS - 10, "{results:?}");
         handle.shutdown().await;
