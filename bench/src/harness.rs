@@ -61,10 +61,10 @@ impl System {
 }
 
 /// What the systems are started from.
-struct Installed {
-    kraft: PathBuf,
-    etcd: Option<PathBuf>,
-    zookeeper: Option<zookeeper::Installation>,
+pub struct Installed {
+    pub kraft: PathBuf,
+    pub etcd: Option<PathBuf>,
+    pub zookeeper: Option<zookeeper::Installation>,
 }
 
 /// One measured point.
@@ -325,7 +325,7 @@ pub fn replot(json_path: &Path) -> Result<PathBuf> {
 
 /// Starts a fresh cluster of `system`, finds its leader, runs the closed
 /// loop with `concurrency` clients, stops the cluster.
-async fn measure_point(
+pub async fn measure_point(
     system: System,
     concurrency: usize,
     run: usize,
@@ -405,7 +405,7 @@ async fn measure_point(
     }
 }
 
-fn print_header() {
+pub fn print_header() {
     println!(
         "{:<10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>11} {:>11} {:>10}",
         "system",
@@ -439,7 +439,7 @@ fn print_row(system: System, concurrency: usize, r: &LoadResult, fsync_ms: Optio
     );
 }
 
-fn print_point(point: &PointRecord) {
+pub fn print_point(point: &PointRecord) {
     match (&point.result, &point.error) {
         (Some(r), _) => {
             print_row(point.system, point.concurrency, r, point.fdatasync_p50_ms_before);

@@ -13,11 +13,14 @@
 //! - `soak`: whether disk use stays bounded under a steady write load with
 //!   snapshots and retention on (3 real processes, sampled every few
 //!   seconds).
+//! - `ab`: two kraft builds in alternated pairs, kraft only, with each
+//!   pair's candidate/baseline ratios and their medians.
 //! - `limits`: only the machine's limits (fdatasync, loopback round trip).
 //! - `plot`: redraws the chart of a `cluster` results JSON.
 //! - `http-stub` (hidden): the HTTP ceiling's server, started by `cluster
 //!   --http-ceiling`.
 
+mod ab;
 mod disk;
 mod embedded;
 mod etcd;
@@ -54,6 +57,8 @@ struct Cli {
 enum Command {
     /// Closed-loop load on a 3-node kraft cluster of real processes (and on etcd and ZooKeeper with --peers).
     Cluster(ClusterArgs),
+    /// Two kraft builds in alternated pairs (A B, B A, ...), kraft only: each pair's candidate/baseline ratios and their medians.
+    Ab(AbArgs),
     /// A 3-node kraft cluster in this process, appends through NodeHandle::append with many in flight.
     Embedded(EmbeddedArgs),
     /// What a large log costs: memory, disk, snapshot, compaction, a fresh observer joining, a restart (3 real processes).
@@ -215,6 +220,36 @@ struct SoakArgs {
 }
 
 #[derive(Args)]
+struct AbArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// The kraft release binary that is the baseline (A).
+    #[arg(long)]
+    baseline: PathBuf,
+    /// The kraft release binary measured against it (B); the same binary twice shows the machine's own noise.
+    #[arg(long)]
+    candidate: PathBuf,
+    /// Pairs of runs; each runs every concurrency level once per build.
+    #[arg(long, default_value_t = 5)]
+    pairs: usize,
+    /// Measured seconds per point.
+    #[arg(long, default_value_t = 6.0)]
+    duration_secs: f64,
+    /// Warm-up seconds per point (not measured).
+    #[arg(long, default_value_t = 2.0)]
+    warmup_secs: f64,
+    /// Concurrency levels: closed-loop clients, each with its own connection.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
+    concurrency: Vec<usize>,
+    /// Bytes of each written value.
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// Threads of the load generator's runtime.
+    #[arg(long, default_value_t = 2)]
+    client_threads: usize,
+}
+
+#[derive(Args)]
 struct EmbeddedArgs {
     #[command(flatten)]
     common: CommonArgs,
@@ -260,6 +295,7 @@ fn main() -> ExitCode {
     let keep_data = match &cli.command {
         Command::Cluster(args) => args.common.keep_data,
         Command::Embedded(args) => args.common.keep_data,
+        Command::Ab(args) => args.common.keep_data,
         Command::State(args) => args.cluster.keep_data,
         Command::Soak(args) => args.cluster.keep_data,
         Command::Limits(args) => args.keep_data,
@@ -269,6 +305,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Cluster(args) => cluster(args),
         Command::Embedded(args) => embedded(args),
+        Command::Ab(args) => ab(args),
         Command::State(args) => state(args),
         Command::Soak(args) => soak(args),
         Command::Limits(args) => limits(args),
@@ -285,27 +322,69 @@ fn main() -> ExitCode {
 }
 
 fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !args.concurrency.is_empty() && args.concurrency.iter().all(|c| *c > 0),
-        "--concurrency needs levels above 0"
-    );
     anyhow::ensure!(args.runs > 0, "--runs must be above 0");
     let options = harness::ClusterOptions {
         peers: args.peers,
         http_ceiling: args.http_ceiling,
-        window: window(args.warmup_secs, args.duration_secs)?,
-        concurrency: args.concurrency,
         runs: args.runs,
         kraft_bin: args.kraft_bin,
-        repo_root: repo_root(),
-        out: args.common.out,
-        data_root: args.common.data_root,
-        value_bytes: args.value_bytes,
-        probe: secs(args.common.probe_secs, "probe-secs")?,
-        client_threads: args.client_threads.max(1),
+        ..kraft_only(
+            args.common,
+            args.concurrency,
+            (args.warmup_secs, args.duration_secs),
+            args.value_bytes,
+            args.client_threads,
+        )?
     };
     let threads = options.client_threads;
     until_interrupted(threads, harness::run(options))
+}
+
+fn ab(args: AbArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.pairs > 0, "--pairs must be above 0");
+    let options = ab::AbOptions {
+        cluster: kraft_only(
+            args.common,
+            args.concurrency,
+            (args.warmup_secs, args.duration_secs),
+            args.value_bytes,
+            args.client_threads,
+        )?,
+        baseline: args.baseline,
+        candidate: args.candidate,
+        pairs: args.pairs,
+    };
+    let threads = options.cluster.client_threads;
+    until_interrupted(threads, ab::run(options))
+}
+
+/// The closed-loop settings shared by `cluster` and `ab`, for one run of
+/// kraft alone with the kraft built in the repository.
+fn kraft_only(
+    common: CommonArgs,
+    concurrency: Vec<usize>,
+    (warmup_secs, duration_secs): (f64, f64),
+    value_bytes: usize,
+    client_threads: usize,
+) -> anyhow::Result<harness::ClusterOptions> {
+    anyhow::ensure!(
+        !concurrency.is_empty() && concurrency.iter().all(|c| *c > 0),
+        "--concurrency needs levels above 0"
+    );
+    Ok(harness::ClusterOptions {
+        peers: false,
+        http_ceiling: false,
+        window: window(warmup_secs, duration_secs)?,
+        concurrency,
+        runs: 1,
+        kraft_bin: None,
+        repo_root: repo_root(),
+        out: common.out,
+        data_root: common.data_root,
+        value_bytes,
+        probe: secs(common.probe_secs, "probe-secs")?,
+        client_threads: client_threads.max(1),
+    })
 }
 
 /// Runs `benchmark` on a runtime of `threads` workers until it ends or
