@@ -534,6 +534,80 @@ async fn a_request_the_handler_never_answers_times_out() {
 }
 
 #[actix_rt::test]
+async fn a_connection_whose_peer_stopped_reading_is_closed_once_a_request_times_out_unwritten() {
+    count_panics();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = Client::start(CLUSTER, &[(SERVER_ID, listener.local_addr().unwrap())], 300);
+
+    client.send(SERVER_ID, 1, vote(1)).await;
+    let (mut peer, _) = timeout(PATIENCE, listener.accept()).await.unwrap().unwrap();
+    assert_eq!(read_envelope(&mut peer).await.correlation_id, 1);
+    // The peer reads nothing more. Four forwarded appends of 8 MiB each are
+    // far more than the sockets buffer: the client's writer blocks.
+    for correlation_id in 2..=5 {
+        let records = vec![serde_bytes::ByteBuf::from(vec![7u8; 8 << 20])];
+        client
+            .send(
+                SERVER_ID,
+                correlation_id,
+                RaftRequest::Append(AppendRequest { records }),
+            )
+            .await;
+    }
+    // The peer still answers the first request after they were sent, so the
+    // connection is not silent: only the unwritten requests tell.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let answer = codec::encode_frame(&Envelope {
+        version: WIRE_VERSION,
+        source_id: SERVER_ID,
+        correlation_id: 1,
+        cluster_id: CLUSTER.to_string(),
+        body: Body::Response(granted_vote(1)),
+    });
+    peer.write_all(&answer).await.unwrap();
+    let answered = client.next().await;
+    assert_eq!((answered.correlation_id, answered.result), (1, Ok(granted_vote(1))));
+    let mut failed = Vec::new();
+    for _ in 2..=5 {
+        let outcome = client.next().await;
+        assert!(
+            matches!(
+                outcome.result,
+                Err(TransportError::Timeout(SERVER_ID) | TransportError::Disconnected(SERVER_ID, _))
+            ),
+            "{outcome:?}"
+        );
+        failed.push(outcome.correlation_id);
+    }
+    failed.sort_unstable();
+    assert_eq!(failed, [2, 3, 4, 5]);
+
+    // The stuck connection is gone: the next request opens a new one, and
+    // the frames behind the stuck one never reach the peer.
+    client.send(SERVER_ID, 6, vote(2)).await;
+    let (mut second, _) = timeout(PATIENCE, listener.accept())
+        .await
+        .expect("the next request opens a new connection")
+        .unwrap();
+    assert_eq!(read_envelope(&mut second).await.correlation_id, 6);
+    let mut drained = 0usize;
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        match timeout(PATIENCE, peer.read(&mut buffer)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => drained += n,
+            Err(_) => panic!("the stuck connection was not closed"),
+        }
+    }
+    assert!(
+        drained < 4 * (8 << 20),
+        "all four appends reached the peer ({drained} bytes)"
+    );
+    client.assert_quiet(Duration::from_millis(100)).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
 async fn connecting_to_a_closed_port_fails_with_connect() {
     count_panics();
     let closed = {

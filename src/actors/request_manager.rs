@@ -30,19 +30,27 @@
 //! by correlation id, so any number of requests may be in flight on one
 //! connection and answered in any order.
 //!
-//! Two rules beyond the obvious ones:
+//! Three rules beyond the obvious ones:
 //! - When a request times out and nothing at all has arrived on its
 //!   connection since it was sent, the connection is presumed dead (a
 //!   half-open TCP connection reports no error by itself) and is closed,
 //!   failing the rest of its requests with `Disconnected`, like Kafka's
 //!   NetworkClient does on a request timeout.
+//! - When a request times out before its frame was even written whole (the
+//!   peer has stopped reading this connection: a leader holding back a
+//!   follower's forwarded appends, say), the connection is closed too.
+//!   Otherwise the frames of requests already failed as timed out would
+//!   pile up behind it without bound, and be delivered, and acted on, once
+//!   the peer read again.
 //! - A response whose envelope names another node than the destination is
 //!   refused and the connection closed: counting node 3's vote as node 2's
 //!   would break election safety.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::time::Duration;
 
 use actix::{Actor, Context, Handler, Recipient};
@@ -105,6 +113,7 @@ impl RequestManager {
     fn spawn_destination(&self, to: NodeId, endpoint: String) -> mpsc::UnboundedSender<Outgoing> {
         let (tx, rx) = mpsc::unbounded_channel();
         let destination = Destination {
+            next_seq: 1,
             to,
             endpoint,
             cluster_id: self.cluster_id.clone(),
@@ -209,6 +218,9 @@ struct Outgoing {
 struct InFlight {
     /// When the destination task took it.
     accepted_at: Instant,
+    /// Its frame's place in the order of frames handed to the connection's
+    /// writer; `None` while it waits for the connection to open.
+    seq: Option<u64>,
 }
 
 /// What a connection's reader and writer tell the destination task.
@@ -221,7 +233,10 @@ enum ConnectionEvent {
 /// An open connection: a writer fed with frames and a reader reporting
 /// responses. Dropping it stops both tasks and closes the socket.
 struct Connection {
-    frames: mpsc::UnboundedSender<Vec<u8>>,
+    /// Frames for the writer, each with its sequence number.
+    frames: mpsc::UnboundedSender<(u64, Vec<u8>)>,
+    /// The sequence number of the last frame the writer wrote whole.
+    written: Rc<Cell<u64>>,
     events: mpsc::UnboundedReceiver<ConnectionEvent>,
     /// When a frame last arrived (or the connection opened).
     last_received_at: Instant,
@@ -246,6 +261,8 @@ type ConnectFuture = Pin<Box<dyn Future<Output = std::io::Result<TcpStream>>>>;
 /// timeout and arrive in order). Each request leaves `in_flight` exactly
 /// once, and that is when its outcome is delivered.
 struct Destination {
+    /// The sequence number of the next frame handed to a writer.
+    next_seq: u64,
     to: NodeId,
     endpoint: String,
     cluster_id: String,
@@ -332,19 +349,22 @@ impl Destination {
             deliver(&self.outcome, outcome).await;
             return;
         }
-        self.in_flight.insert(
-            correlation_id,
-            InFlight {
-                accepted_at: Instant::now(),
-            },
-        );
+        let mut request = InFlight {
+            accepted_at: Instant::now(),
+            seq: None,
+        };
         self.deadlines.push_back((deadline, correlation_id));
         if let Some(connection) = &self.connection {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            request.seq = Some(seq);
+            self.in_flight.insert(correlation_id, request);
             // A send error means the writer has stopped; its Closed event
             // is already queued and will fail this request.
-            let _ = connection.frames.send(frame);
+            let _ = connection.frames.send((seq, frame));
             return;
         }
+        self.in_flight.insert(correlation_id, request);
         self.queued.push((correlation_id, frame));
         if self.connecting.is_none() {
             self.connecting = Some(Box::pin(connect(self.endpoint.clone(), self.request_timeout)));
@@ -380,16 +400,20 @@ impl Destination {
         let (read_half, write_half) = stream.into_split();
         let (frames_tx, frames_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let written = Rc::new(Cell::new(self.next_seq - 1));
         let reader = actix_rt::spawn(read_responses(read_half, self.max_frame_bytes, events_tx.clone()));
-        let writer = actix_rt::spawn(write_frames(write_half, frames_rx, events_tx));
+        let writer = actix_rt::spawn(write_frames(write_half, frames_rx, written.clone(), events_tx));
         for (correlation_id, frame) in queued {
             // Requests that timed out while we connected are not sent.
-            if self.in_flight.contains_key(&correlation_id) {
-                let _ = frames_tx.send(frame);
+            if let Some(request) = self.in_flight.get_mut(&correlation_id) {
+                request.seq = Some(self.next_seq);
+                let _ = frames_tx.send((self.next_seq, frame));
+                self.next_seq += 1;
             }
         }
         self.connection = Some(Connection {
             frames: frames_tx,
+            written,
             events: events_rx,
             last_received_at: Instant::now(),
             reader,
@@ -442,6 +466,7 @@ impl Destination {
         let now = Instant::now();
         let mut timed_out = Vec::new();
         let mut connection_silent = false;
+        let mut connection_stuck = false;
         while let Some(&(deadline, correlation_id)) = self.deadlines.front() {
             if deadline > now {
                 break;
@@ -450,6 +475,7 @@ impl Destination {
             if let Some(request) = self.in_flight.remove(&correlation_id) {
                 if let Some(connection) = &self.connection {
                     connection_silent |= connection.last_received_at <= request.accepted_at;
+                    connection_stuck |= request.seq.is_some_and(|seq| seq > connection.written.get());
                 }
                 timed_out.push(correlation_id);
             }
@@ -472,6 +498,16 @@ impl Destination {
                 "no response within the request timeout; closing the connection"
             );
             self.disconnect("no response within the request timeout".to_string())
+                .await;
+        } else if connection_stuck {
+            // The peer has not read one request whole in a request timeout:
+            // what is queued behind it has timed out or will, and must not
+            // reach the peer later.
+            warn!(
+                to = self.to,
+                "a request timed out before the peer read it; closing the connection"
+            );
+            self.disconnect("the peer read no more of the connection within the request timeout".to_string())
                 .await;
         }
     }
@@ -546,16 +582,21 @@ async fn read_responses(
     let _ = events.send(ConnectionEvent::Closed(reason));
 }
 
-/// Writes frames in order, coalescing small ones queued together.
+/// Writes frames in order, coalescing small ones queued together, and
+/// keeps `written` at the sequence number of the last frame written whole.
 async fn write_frames(
     mut write_half: OwnedWriteHalf,
-    mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
+    mut frames: mpsc::UnboundedReceiver<(u64, Vec<u8>)>,
+    written: Rc<Cell<u64>>,
     events: mpsc::UnboundedSender<ConnectionEvent>,
 ) {
-    while let Some(mut buffer) = frames.recv().await {
+    while let Some((mut last, mut buffer)) = frames.recv().await {
         while buffer.len() < COALESCE_BYTES {
             match frames.try_recv() {
-                Ok(frame) => buffer.extend_from_slice(&frame),
+                Ok((seq, frame)) => {
+                    buffer.extend_from_slice(&frame);
+                    last = seq;
+                }
                 Err(_) => break,
             }
         }
@@ -563,5 +604,6 @@ async fn write_frames(
             let _ = events.send(ConnectionEvent::Closed(format!("write failed: {e}")));
             return;
         }
+        written.set(last);
     }
 }
