@@ -8,6 +8,13 @@
 //! and serves the connections on the thread it is started on (the node's,
 //! in the server binary), with the same routes, limits and answers.
 //!
+//! Like actix-web's server it serves at most a bounded number of
+//! connections at once ([`max_connections`]); while that many are open it
+//! stops accepting, and new connections wait in the listen backlog until
+//! one closes. The bound is also kept below the process's file descriptor
+//! limit, so that clients alone can never take the descriptors the raft
+//! listener, the outbound connections and the storage need.
+//!
 //! Stopping is graceful: the listener closes at once, idle keep-alive
 //! connections are closed, requests in flight get their answers, and
 //! whatever is still open after [`SHUTDOWN_TIMEOUT_S`] is dropped.
@@ -37,6 +44,33 @@ const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// as actix-web's `HttpServer` (actix-http's own default is 0: a client
 /// still sending an oversize body would see a reset instead of the 413).
 const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most connections served at once, as actix-web's `HttpServer` per worker.
+const MAX_CONNECTIONS: usize = 25_600;
+/// The fewest connections [`max_connections`] allows, whatever the
+/// descriptor limit.
+const MIN_CONNECTIONS: usize = 64;
+
+/// Most connections the API serves at once: [`MAX_CONNECTIONS`], or half
+/// the process's soft limit on open files if that is lower (but at least
+/// [`MIN_CONNECTIONS`]).
+pub(crate) fn max_connections() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let files = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
+        0 => usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX),
+        _ => usize::MAX,
+    };
+    connection_bound(files)
+}
+
+/// [`max_connections`] for a limit of `files` open files.
+pub(crate) fn connection_bound(files: usize) -> usize {
+    (files / 2).clamp(MIN_CONNECTIONS, MAX_CONNECTIONS)
+}
+
 /// Pause after an accept error that is about the process (out of file
 /// descriptors, out of memory) rather than one connection, as actix-server.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(500);
@@ -75,13 +109,14 @@ impl LocalHttpServer {
 
 /// Binds `addr` and serves the API for `node` on the current thread, which
 /// must run an actix (or tokio local) runtime, closing connections idle for
-/// `keep_alive`. Returns the server and the bound address (port 0 picks a
-/// free port).
+/// `keep_alive` and serving at most `max_connections` at once. Returns the
+/// server and the bound address (port 0 picks a free port).
 pub(crate) fn serve_here<N: NodeApi>(
     node: N,
     addr: SocketAddr,
     max_body_bytes: usize,
     keep_alive: Duration,
+    max_connections: usize,
 ) -> std::io::Result<(LocalHttpServer, SocketAddr)> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
@@ -93,7 +128,14 @@ pub(crate) fn serve_here<N: NodeApi>(
     let listener = socket.listen(BACKLOG)?;
     let bound = listener.local_addr()?;
     let (stopping, stop) = watch::channel(false);
-    let accept = actix_rt::spawn(run(listener, node, max_body_bytes, keep_alive, stop));
+    let accept = actix_rt::spawn(run(
+        listener,
+        node,
+        max_body_bytes,
+        keep_alive,
+        max_connections.max(1),
+        stop,
+    ));
     Ok((
         LocalHttpServer {
             stopping,
@@ -110,6 +152,7 @@ async fn run<N: NodeApi>(
     node: N,
     max_body_bytes: usize,
     keep_alive: Duration,
+    max_connections: usize,
     mut stop: watch::Receiver<bool>,
 ) {
     let drain = stop.clone();
@@ -143,8 +186,9 @@ async fn run<N: NodeApi>(
     };
     let mut connections = JoinSet::new();
     loop {
+        let full = connections.len() >= max_connections;
         tokio::select! {
-            accepted = listener.accept() => match accepted {
+            accepted = listener.accept(), if !full => match accepted {
                 Ok((stream, _peer)) => {
                     connections.spawn_local(serve_connection(service.clone(), stream));
                 }
@@ -155,11 +199,19 @@ async fn run<N: NodeApi>(
                     }
                 }
             },
+            // Full: the next connection is accepted once one of these ends.
+            Some(_) = connections.join_next(), if full => {}
             // A send of `true` or a dropped server.
             _ = stop.wait_for(|&stopping| stopping) => break,
         }
         // Finished connections are reaped here so the set stays small.
         while connections.try_join_next().is_some() {}
+        if connections.len() >= max_connections && !full {
+            tracing::warn!(
+                "http: {max_connections} connections open, the most served at once; \
+                 new ones wait until one closes"
+            );
+        }
     }
     drop(listener);
     let drained = tokio::time::timeout(Duration::from_secs(SHUTDOWN_TIMEOUT_S), async {

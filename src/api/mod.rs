@@ -89,13 +89,21 @@ pub fn http_server_with(
 /// thread, appends reach the node without crossing threads (see
 /// [`LocalHttpServer`]). The body cap is `max_body_bytes`, as in
 /// [`http_server_with`]; idle connections close after 5 s, as with
-/// actix-web's server. Returns the running server and the bound address.
+/// actix-web's server, and at most 25,600 connections are served at once
+/// (fewer when the process may open fewer than twice as many files).
+/// Returns the running server and the bound address.
 pub fn http_server_here(
     handle: NodeHandle,
     addr: SocketAddr,
     max_body_bytes: usize,
 ) -> std::io::Result<(LocalHttpServer, SocketAddr)> {
-    local::serve_here(handle, addr, max_body_bytes, local::KEEP_ALIVE)
+    local::serve_here(
+        handle,
+        addr,
+        max_body_bytes,
+        local::KEEP_ALIVE,
+        local::max_connections(),
+    )
 }
 
 /// What the handlers need from a node; [`NodeHandle`] in production, a fake
@@ -150,6 +158,8 @@ fn serve<N: NodeApi + Send>(
         App::new().configure(move |cfg| routes(cfg, node, max_body_bytes))
     })
     .workers(workers)
+    // Per worker; together no more than the API on the node's thread takes.
+    .max_connections((local::max_connections() / workers).max(1))
     .disable_signals()
     .shutdown_timeout(SHUTDOWN_TIMEOUT_S)
     .bind(addr)?;

@@ -379,8 +379,14 @@ async fn served_oversize_bodies_are_413_over_the_wire() {
 #[actix_rt::test]
 async fn served_here_oversize_bodies_are_413_over_the_wire() {
     let node = FakeNode::committed();
-    let (server, addr) =
-        local::serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), 1 << 20, local::KEEP_ALIVE).unwrap();
+    let (server, addr) = local::serve_here(
+        node.clone(),
+        "127.0.0.1:0".parse().unwrap(),
+        1 << 20,
+        local::KEEP_ALIVE,
+        64,
+    )
+    .unwrap();
     assert_ne!(addr.port(), 0);
     let results = tokio::task::spawn_blocking(move || oversize_then_small(addr))
         .await
@@ -429,7 +435,7 @@ async fn stopping_the_server_here_answers_requests_in_flight_and_closes_idle_con
     // Longer than the stop's drain: idle connections close only because
     // the server stops.
     let keep_alive = Duration::from_secs(600);
-    let (server, addr) = local::serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), 1024, keep_alive).unwrap();
+    let (server, addr) = local::serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), 1024, keep_alive, 64).unwrap();
 
     let mut idle = TcpStream::connect(addr).await.unwrap();
     idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: kraft\r\n\r\n")
@@ -470,4 +476,46 @@ async fn stopping_the_server_here_answers_requests_in_flight_and_closes_idle_con
     busy.read_to_end(&mut rest).await.unwrap();
     assert!(rest.is_empty(), "after the answer: {rest:?}");
     stopping.await.unwrap();
+}
+
+/// With `max_connections` open, the server on this thread accepts no more:
+/// a further client waits in the listen backlog, unanswered, and is served
+/// as soon as one of the open connections closes.
+#[actix_rt::test]
+async fn the_server_here_serves_at_most_max_connections_at_once() {
+    let node = FakeNode::committed();
+    let keep_alive = Duration::from_secs(600);
+    let (server, addr) = local::serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), 1024, keep_alive, 2).unwrap();
+    let healthz = b"GET /healthz HTTP/1.1\r\nHost: kraft\r\n\r\n";
+
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(healthz).await.unwrap();
+        let (head, _) = read_response(&mut stream).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        open.push(stream);
+    }
+    // The kernel completes the handshake, but the server does not take it.
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    third.write_all(healthz).await.unwrap();
+    let mut byte = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(300), third.read(&mut byte)).await;
+    assert!(early.is_err(), "a third connection was served: {early:?}");
+
+    drop(open.pop());
+    let (head, _) = tokio::time::timeout(Duration::from_secs(5), read_response(&mut third))
+        .await
+        .expect("served once a place freed");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    server.stop().await;
+}
+
+#[test]
+fn the_connection_bound_leaves_half_the_file_limit_to_the_rest_of_the_node() {
+    assert_eq!(local::connection_bound(1024), 512);
+    assert_eq!(local::connection_bound(20_000), 10_000);
+    assert_eq!(local::connection_bound(100), 64, "never fewer than 64");
+    assert_eq!(local::connection_bound(1 << 20), 25_600, "never more than actix-web's");
+    assert_eq!(local::connection_bound(usize::MAX), 25_600, "RLIM_INFINITY");
 }
