@@ -40,7 +40,7 @@ use funnel::AppendFunnel;
 pub use local::LocalHttpServer;
 
 use crate::actors::quorum_state::AppendReply;
-use crate::messages::MAX_BATCH_BYTES;
+use crate::messages::{Record, MAX_BATCH_BYTES};
 use crate::node::{AppendError, Appended, LogPage, MetricsSnapshot, NodeError, NodeHandle, QuorumStatus, SnapshotInfo};
 use crate::raft::Offset;
 
@@ -236,6 +236,10 @@ fn json_error(err: JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
         JsonPayloadError::Payload(actix_web::error::PayloadError::Overflow) => {
             ApiError::PayloadTooLarge("body is over the size limit".to_owned())
         }
+        // Refused for its size, as the node refuses a batch over the limit.
+        JsonPayloadError::Deserialize(e) if e.to_string().starts_with(RECORDS_OVER_A_BATCH) => {
+            ApiError::Rejected(e.to_string())
+        }
         JsonPayloadError::Deserialize(e) => ApiError::BadRequest(format!(
             "body must be a JSON object {{\"records\": [\"text\", ...]}}: {e}"
         )),
@@ -266,7 +270,46 @@ async fn snapshot<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiErr
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AppendRequest {
+    #[serde(deserialize_with = "records_of_one_batch")]
     records: Vec<String>,
+}
+
+/// How the error of [`records_of_one_batch`] begins.
+const RECORDS_OVER_A_BATCH: &str = "the records take more than";
+
+/// The `records` array, refused as soon as the records would take more
+/// than the largest batch ([`MAX_BATCH_BYTES`]) in the log, where each
+/// takes 12 bytes more than its text. Without this, a body of millions of
+/// empty strings held tens of bytes of memory per body byte, twice (as
+/// strings, then as records), before the node refused it for its size.
+fn records_of_one_batch<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    struct Records;
+
+    impl<'de> serde::de::Visitor<'de> for Records {
+        type Value = Vec<String>;
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+            formatter.write_str("an array of strings")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+            let mut records = Vec::new();
+            let mut bytes = 0usize;
+            while let Some(record) = seq.next_element::<String>()? {
+                bytes += Record::data_encoded_len(record.len());
+                if bytes > MAX_BATCH_BYTES {
+                    return Err(serde::de::Error::custom(format_args!(
+                        "{RECORDS_OVER_A_BATCH} {MAX_BATCH_BYTES} bytes in the log \
+                         (each takes 12 bytes more than its text)"
+                    )));
+                }
+                records.push(record);
+            }
+            Ok(records)
+        }
+    }
+
+    deserializer.deserialize_seq(Records)
 }
 
 async fn append<N: NodeApi>(req: HttpRequest, body: web::Json<AppendRequest>) -> Result<HttpResponse, ApiError> {

@@ -190,6 +190,26 @@ async fn oversize_bodies_are_413() {
     assert!(node.appended.lock().unwrap().is_empty());
 }
 
+/// A body under the body limit whose records would still take more than
+/// the largest batch in the log (12 bytes each beyond their text) is refused
+/// while it is read, like the node refuses such a batch, and nothing is
+/// appended.
+#[actix_rt::test]
+async fn records_over_a_batch_in_the_log_are_refused_while_the_body_is_read() {
+    let node = FakeNode::committed();
+    let most = MAX_BATCH_BYTES / Record::data_encoded_len(0);
+    let body = |records: usize| format!("{{\"records\": [{}\"\"]}}", "\"\",".repeat(records - 1));
+    let (status, _, answer) = send(&node, 16 << 20, post_append(&body(most + 1))).await;
+    let value: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{value}");
+    assert_eq!(value["error"], "REJECTED", "{value}");
+    assert!(node.appended.lock().unwrap().is_empty());
+
+    let (status, _, _) = send(&node, 16 << 20, post_append(&body(most))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(node.appended.lock().unwrap()[0].len(), most);
+}
+
 #[actix_rt::test]
 async fn append_errors_map_to_their_status() {
     let cases = [
