@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
 
 use kraft::actors::request_manager::RequestManager;
-use kraft::actors::transport::{serve, RaftServer, MAX_LOG_ANSWERS_PER_CONNECTION};
+use kraft::actors::transport::{serve, serve_with, ConnectionTimeouts, RaftServer, MAX_LOG_ANSWERS_PER_CONNECTION};
 use kraft::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
 use kraft::messages::codec::{self, Body, Envelope, WIRE_VERSION};
 use kraft::messages::records::Batch;
@@ -217,6 +217,15 @@ async fn start_server_at(addr: SocketAddr, mode: Mode) -> std::io::Result<TestSe
 }
 
 async fn start_server_with(addr: SocketAddr, local_id: NodeId, mode: Mode) -> std::io::Result<TestServer> {
+    start_server_timed(addr, local_id, mode, None).await
+}
+
+async fn start_server_timed(
+    addr: SocketAddr,
+    local_id: NodeId,
+    mode: Mode,
+    timeouts: Option<ConnectionTimeouts>,
+) -> std::io::Result<TestServer> {
     let received = Arc::new(AtomicUsize::new(0));
     let handler = TestHandler {
         mode,
@@ -224,14 +233,29 @@ async fn start_server_with(addr: SocketAddr, local_id: NodeId, mode: Mode) -> st
         received: received.clone(),
     }
     .start();
-    let server = serve(
-        addr,
-        CLUSTER.to_string(),
-        local_id,
-        MAX_FRAME_BYTES,
-        handler.clone().recipient(),
-    )
-    .await?;
+    let server = match timeouts {
+        None => {
+            serve(
+                addr,
+                CLUSTER.to_string(),
+                local_id,
+                MAX_FRAME_BYTES,
+                handler.clone().recipient(),
+            )
+            .await?
+        }
+        Some(timeouts) => {
+            serve_with(
+                addr,
+                CLUSTER.to_string(),
+                local_id,
+                MAX_FRAME_BYTES,
+                handler.clone().recipient(),
+                timeouts,
+            )
+            .await?
+        }
+    };
     Ok(TestServer {
         server,
         handler,
@@ -483,6 +507,95 @@ async fn a_peer_that_never_reads_its_fetch_answers_gets_few_of_them_made() {
         answered += 1;
     }
     assert_eq!(server.received.load(Ordering::SeqCst), sent as usize);
+    assert_no_panics();
+}
+
+/// Reads from `stream` until the server closes it (or resets it), and
+/// returns the whole responses read before that; panics if it stays open.
+async fn read_until_closed(stream: &mut TcpStream) -> usize {
+    let mut bytes = Vec::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        match timeout(PATIENCE, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => bytes.extend_from_slice(&chunk[..n]),
+            Err(_) => panic!("the server kept the connection open"),
+        }
+    }
+    let mut responses = 0;
+    let mut rest = &bytes[..];
+    while rest.len() >= 4 {
+        let len = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+        if rest.len() < 4 + len {
+            break;
+        }
+        rest = &rest[4 + len..];
+        responses += 1;
+    }
+    responses
+}
+
+#[actix_rt::test]
+async fn a_connection_with_no_frame_within_the_idle_timeout_is_closed() {
+    count_panics();
+    let timeouts = ConnectionTimeouts {
+        idle: Duration::from_millis(300),
+        ..ConnectionTimeouts::default()
+    };
+    let server = start_server_timed("127.0.0.1:0".parse().unwrap(), SERVER_ID, Mode::Answer, Some(timeouts))
+        .await
+        .unwrap();
+    let mut idle = connect(server.addr()).await;
+    let mut busy = connect(server.addr()).await;
+    // A request every 100 ms keeps a connection open past the idle timeout.
+    for correlation_id in 0..10 {
+        busy.write_all(&frame(CLUSTER, correlation_id, Body::Request(vote(1))))
+            .await
+            .unwrap();
+        assert_eq!(read_envelope(&mut busy).await.correlation_id, correlation_id);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The one that sent nothing is closed.
+    assert_eq!(read_until_closed(&mut idle).await, 0);
+    // So is one that stopped half-way through a frame.
+    let mut trickling = connect(server.addr()).await;
+    let request = frame(CLUSTER, 1, Body::Request(vote(1)));
+    trickling.write_all(&request[..6]).await.unwrap();
+    assert_eq!(read_until_closed(&mut trickling).await, 0);
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_peer_that_reads_no_answer_within_the_write_timeout_is_disconnected() {
+    count_panics();
+    let timeouts = ConnectionTimeouts {
+        write: Duration::from_millis(300),
+        ..ConnectionTimeouts::default()
+    };
+    let server = start_server_timed(
+        "127.0.0.1:0".parse().unwrap(),
+        SERVER_ID,
+        Mode::AnswerLargeFetches,
+        Some(timeouts),
+    )
+    .await
+    .unwrap();
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = timeout(PATIENCE, socket.connect(server.addr())).await.unwrap().unwrap();
+    let sent = 20;
+    for correlation_id in 0..sent {
+        stream
+            .write_all(&frame(CLUSTER, correlation_id, Body::Request(fetch(0))))
+            .await
+            .unwrap();
+    }
+    // Reading nothing for longer than the write timeout: the connection is
+    // closed with the answers made so far, and no others are made.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let answered = read_until_closed(&mut stream).await;
+    assert!(answered < sent as usize, "all {answered} answers were written");
+    assert!(server.received.load(Ordering::SeqCst) < sent as usize);
     assert_no_panics();
 }
 

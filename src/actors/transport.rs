@@ -30,6 +30,16 @@
 //! larger). Past either bound the reader stops reading, which pushes back
 //! on the peer through TCP: a peer that sends fetches but never reads the
 //! answers holds at most 4 of them in the node's memory, not 256.
+//!
+//! Timeouts ([`ConnectionTimeouts`]): a connection on which no frame
+//! arrives for [`IDLE_TIMEOUT`] (Kafka's `connections.max.idle.ms`) is
+//! closed, which also reclaims the place of a peer that vanished without a
+//! FIN (a host that lost power leaves a half-open connection that reports
+//! nothing by itself), and of one that trickles a frame; a peer's own
+//! RequestManager opens a new connection with its next request. An answer
+//! the peer does not read within [`WRITE_TIMEOUT`] closes the connection,
+//! so a peer that stops reading holds its answers' memory for that long at
+//! most, not for as long as it keeps the connection open.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -64,6 +74,34 @@ pub const MAX_LOG_ANSWERS_PER_CONNECTION: usize = 4;
 
 /// Bytes read from a socket per system call (frames are parsed from this).
 const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// A connection on which no frame arrives for this long is closed: Kafka's
+/// `connections.max.idle.ms` default. Every replica fetches at least every
+/// `fetch_timeout_ms`, so only connections used for elections alone (and
+/// dead ones) ever sit idle that long.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// An answer the peer has not taken whole within this long closes the
+/// connection: over a link that moves a 1 MiB fetch answer in a minute the
+/// replica could not keep up anyway.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a connection of the listener may sit idle, and wait for its
+/// peer to read an answer; see the module documentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionTimeouts {
+    pub idle: Duration,
+    pub write: Duration,
+}
+
+impl Default for ConnectionTimeouts {
+    fn default() -> Self {
+        ConnectionTimeouts {
+            idle: IDLE_TIMEOUT,
+            write: WRITE_TIMEOUT,
+        }
+    }
+}
 
 /// Why reading a frame failed. Every variant closes the connection.
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +190,7 @@ struct Shared {
     local_id: NodeId,
     max_frame_bytes: u64,
     handler: Recipient<InboundRequest>,
+    timeouts: ConnectionTimeouts,
     /// Connections currently open (≤ MAX_CONNECTIONS).
     open_connections: Cell<usize>,
 }
@@ -166,6 +205,26 @@ pub async fn serve(
     max_frame_bytes: u64,
     handler: Recipient<InboundRequest>,
 ) -> std::io::Result<RaftServer> {
+    serve_with(
+        addr,
+        cluster_id,
+        local_id,
+        max_frame_bytes,
+        handler,
+        ConnectionTimeouts::default(),
+    )
+    .await
+}
+
+/// [`serve`] with other connection timeouts than the defaults.
+pub async fn serve_with(
+    addr: SocketAddr,
+    cluster_id: String,
+    local_id: NodeId,
+    max_frame_bytes: u64,
+    handler: Recipient<InboundRequest>,
+    timeouts: ConnectionTimeouts,
+) -> std::io::Result<RaftServer> {
     let listener = TcpListener::bind(addr).await?;
     let local_addr = listener.local_addr()?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -174,6 +233,7 @@ pub async fn serve(
         local_id,
         max_frame_bytes,
         handler,
+        timeouts,
         open_connections: Cell::new(0),
     });
     actix_rt::spawn(accept_loop(listener, shared, shutdown_rx));
@@ -253,6 +313,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot, m
             ReadEnd::Abort
         }
         end = read_loop(read_half, peer, shared, outbound_tx) => end,
+        // The writer ends first only when it failed or timed out.
+        _ = &mut writer => ReadEnd::Abort,
     };
     if end == ReadEnd::PeerClosed {
         // A peer may half-close after its last request (a one-shot tool
@@ -303,7 +365,12 @@ async fn read_loop(
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
     let log_answers = Arc::new(Semaphore::new(MAX_LOG_ANSWERS_PER_CONNECTION));
     loop {
-        let body = match read_frame(&mut reader, shared.max_frame_bytes).await {
+        let idle = shared.timeouts.idle;
+        let Ok(read) = tokio::time::timeout(idle, read_frame(&mut reader, shared.max_frame_bytes)).await else {
+            debug!(%peer, ?idle, "no frame within the idle timeout; closing raft connection");
+            return ReadEnd::Abort;
+        };
+        let body = match read {
             Ok(Some(body)) => body,
             Ok(None) => {
                 debug!(%peer, "raft connection closed by peer");
@@ -436,9 +503,17 @@ async fn write_loop(
             },
             else => return,
         };
-        if let Err(e) = write_half.write_all(&frame).await {
-            debug!(%peer, error = %e, "write failed; closing raft connection");
-            return;
+        match tokio::time::timeout(shared.timeouts.write, write_half.write_all(&frame)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                debug!(%peer, error = %e, "write failed; closing raft connection");
+                return;
+            }
+            Err(_) => {
+                warn!(%peer, timeout = ?shared.timeouts.write,
+                    "the peer read no answer within the write timeout; closing raft connection");
+                return;
+            }
         }
     }
 }
