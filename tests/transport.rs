@@ -460,6 +460,21 @@ async fn a_parked_fetch_does_not_block_a_later_vote() {
     assert_no_panics();
 }
 
+/// Connects with a 4 KiB receive buffer (the answers soon fill the
+/// sockets) and sends `count` fetches, reading nothing.
+async fn send_fetches_with_a_small_receive_buffer(addr: SocketAddr, count: u64) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = timeout(PATIENCE, socket.connect(addr)).await.unwrap().unwrap();
+    for correlation_id in 0..count {
+        stream
+            .write_all(&frame(CLUSTER, correlation_id, Body::Request(fetch(0))))
+            .await
+            .unwrap();
+    }
+    stream
+}
+
 /// A peer that sends fetches and never reads the answers: the listener
 /// holds at most MAX_LOG_ANSWERS_PER_CONNECTION answers of 1 MiB (and the
 /// sockets' buffers a few more), not one per request in flight.
@@ -467,16 +482,8 @@ async fn a_parked_fetch_does_not_block_a_later_vote() {
 async fn a_peer_that_never_reads_its_fetch_answers_gets_few_of_them_made() {
     count_panics();
     let server = start_server(Mode::AnswerLargeFetches).await;
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut stream = timeout(PATIENCE, socket.connect(server.addr())).await.unwrap().unwrap();
     let sent = 200;
-    for correlation_id in 0..sent {
-        stream
-            .write_all(&frame(CLUSTER, correlation_id, Body::Request(fetch(0))))
-            .await
-            .unwrap();
-    }
+    let mut stream = send_fetches_with_a_small_receive_buffer(server.addr(), sent).await;
 
     // The reader stops once the answers made fill the sockets and the
     // bound; wait until the count stays put.
@@ -580,16 +587,8 @@ async fn a_peer_that_reads_no_answer_within_the_write_timeout_is_disconnected() 
     )
     .await
     .unwrap();
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut stream = timeout(PATIENCE, socket.connect(server.addr())).await.unwrap().unwrap();
     let sent = 20;
-    for correlation_id in 0..sent {
-        stream
-            .write_all(&frame(CLUSTER, correlation_id, Body::Request(fetch(0))))
-            .await
-            .unwrap();
-    }
+    let mut stream = send_fetches_with_a_small_receive_buffer(server.addr(), sent).await;
     // Reading nothing for longer than the write timeout: the connection is
     // closed with the answers made so far, and no others are made.
     tokio::time::sleep(Duration::from_millis(1500)).await;
