@@ -546,7 +546,7 @@ async fn read_until_closed(stream: &mut TcpStream) -> usize {
 async fn a_connection_with_no_frame_within_the_idle_timeout_is_closed() {
     count_panics();
     let timeouts = ConnectionTimeouts {
-        idle: Duration::from_millis(300),
+        idle: Duration::from_secs(1),
         ..ConnectionTimeouts::default()
     };
     let server = start_server_timed("127.0.0.1:0".parse().unwrap(), SERVER_ID, Mode::Answer, Some(timeouts))
@@ -555,7 +555,7 @@ async fn a_connection_with_no_frame_within_the_idle_timeout_is_closed() {
     let mut idle = connect(server.addr()).await;
     let mut busy = connect(server.addr()).await;
     // A request every 100 ms keeps a connection open past the idle timeout.
-    for correlation_id in 0..10 {
+    for correlation_id in 0..15 {
         busy.write_all(&frame(CLUSTER, correlation_id, Body::Request(vote(1))))
             .await
             .unwrap();
@@ -649,7 +649,7 @@ async fn a_request_the_handler_never_answers_times_out() {
 async fn a_connection_whose_peer_stopped_reading_is_closed_once_a_request_times_out_unwritten() {
     count_panics();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut client = Client::start(CLUSTER, &[(SERVER_ID, listener.local_addr().unwrap())], 300);
+    let mut client = Client::start(CLUSTER, &[(SERVER_ID, listener.local_addr().unwrap())], 1000);
 
     client.send(SERVER_ID, 1, vote(1)).await;
     let (mut peer, _) = timeout(PATIENCE, listener.accept()).await.unwrap().unwrap();

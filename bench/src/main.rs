@@ -371,6 +371,10 @@ fn kraft_only(
         !concurrency.is_empty() && concurrency.iter().all(|c| *c > 0),
         "--concurrency needs levels above 0"
     );
+    let mut levels = concurrency.clone();
+    levels.sort_unstable();
+    levels.dedup();
+    anyhow::ensure!(levels.len() == concurrency.len(), "--concurrency lists a level twice");
     Ok(harness::ClusterOptions {
         peers: false,
         http_ceiling: false,

@@ -505,9 +505,9 @@ impl Destination {
             // reach the peer later.
             warn!(
                 to = self.to,
-                "a request timed out before the peer read it; closing the connection"
+                "a request timed out before its frame could be written whole; closing the connection"
             );
-            self.disconnect("the peer read no more of the connection within the request timeout".to_string())
+            self.disconnect("a request's frame could not be written whole within the request timeout".to_string())
                 .await;
         }
     }

@@ -82,8 +82,9 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// An answer the peer has not taken whole within this long closes the
-/// connection: over a link that moves a 1 MiB fetch answer in a minute the
-/// replica could not keep up anyway.
+/// connection: a replica whose link moves less than a fetch answer (1 MiB,
+/// 8 MiB at most) or a snapshot chunk (1 MiB) a minute could not keep up
+/// anyway, and its own request timeout gives up on the answer much sooner.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a connection of the listener may sit idle, and wait for its

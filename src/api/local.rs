@@ -185,6 +185,7 @@ async fn run<N: NodeApi>(
         }
     };
     let mut connections = JoinSet::new();
+    let mut warned_full = false;
     loop {
         let full = connections.len() >= max_connections;
         tokio::select! {
@@ -206,11 +207,16 @@ async fn run<N: NodeApi>(
         }
         // Finished connections are reaped here so the set stays small.
         while connections.try_join_next().is_some() {}
-        if connections.len() >= max_connections && !full {
+        // Once per overload, not once per connection replaced at the cap:
+        // warned again only after the count fell a tenth below it.
+        if connections.len() >= max_connections && !warned_full {
+            warned_full = true;
             tracing::warn!(
                 "http: {max_connections} connections open, the most served at once; \
                  new ones wait until one closes"
             );
+        } else if connections.len() < max_connections - max_connections / 10 {
+            warned_full = false;
         }
     }
     drop(listener);
