@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
 
 use kraft::actors::request_manager::RequestManager;
-use kraft::actors::transport::{serve, serve_with, ConnectionTimeouts, RaftServer, MAX_LOG_ANSWERS_PER_CONNECTION};
+use kraft::actors::transport::{serve_with, ConnectionTimeouts, RaftServer, MAX_LOG_ANSWERS_PER_CONNECTION};
 use kraft::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
 use kraft::messages::codec::{self, Body, Envelope, WIRE_VERSION};
 use kraft::messages::records::Batch;
@@ -217,14 +217,21 @@ async fn start_server_at(addr: SocketAddr, mode: Mode) -> std::io::Result<TestSe
 }
 
 async fn start_server_with(addr: SocketAddr, local_id: NodeId, mode: Mode) -> std::io::Result<TestServer> {
-    start_server_timed(addr, local_id, mode, None).await
+    start_server_timed(addr, local_id, mode, ConnectionTimeouts::default()).await
+}
+
+/// A server on an ephemeral port with `timeouts` instead of the defaults.
+async fn start_server_with_timeouts(mode: Mode, timeouts: ConnectionTimeouts) -> TestServer {
+    start_server_timed("127.0.0.1:0".parse().unwrap(), SERVER_ID, mode, timeouts)
+        .await
+        .unwrap()
 }
 
 async fn start_server_timed(
     addr: SocketAddr,
     local_id: NodeId,
     mode: Mode,
-    timeouts: Option<ConnectionTimeouts>,
+    timeouts: ConnectionTimeouts,
 ) -> std::io::Result<TestServer> {
     let received = Arc::new(AtomicUsize::new(0));
     let handler = TestHandler {
@@ -233,29 +240,16 @@ async fn start_server_timed(
         received: received.clone(),
     }
     .start();
-    let server = match timeouts {
-        None => {
-            serve(
-                addr,
-                CLUSTER.to_string(),
-                local_id,
-                MAX_FRAME_BYTES,
-                handler.clone().recipient(),
-            )
-            .await?
-        }
-        Some(timeouts) => {
-            serve_with(
-                addr,
-                CLUSTER.to_string(),
-                local_id,
-                MAX_FRAME_BYTES,
-                handler.clone().recipient(),
-                timeouts,
-            )
-            .await?
-        }
-    };
+    // `serve` is `serve_with` and the default timeouts.
+    let server = serve_with(
+        addr,
+        CLUSTER.to_string(),
+        local_id,
+        MAX_FRAME_BYTES,
+        handler.clone().recipient(),
+        timeouts,
+    )
+    .await?;
     Ok(TestServer {
         server,
         handler,
@@ -549,9 +543,7 @@ async fn a_connection_with_no_frame_within_the_idle_timeout_is_closed() {
         idle: Duration::from_secs(1),
         ..ConnectionTimeouts::default()
     };
-    let server = start_server_timed("127.0.0.1:0".parse().unwrap(), SERVER_ID, Mode::Answer, Some(timeouts))
-        .await
-        .unwrap();
+    let server = start_server_with_timeouts(Mode::Answer, timeouts).await;
     let mut idle = connect(server.addr()).await;
     let mut busy = connect(server.addr()).await;
     // A request every 100 ms keeps a connection open past the idle timeout.
@@ -579,14 +571,7 @@ async fn a_peer_that_reads_no_answer_within_the_write_timeout_is_disconnected() 
         write: Duration::from_millis(300),
         ..ConnectionTimeouts::default()
     };
-    let server = start_server_timed(
-        "127.0.0.1:0".parse().unwrap(),
-        SERVER_ID,
-        Mode::AnswerLargeFetches,
-        Some(timeouts),
-    )
-    .await
-    .unwrap();
+    let server = start_server_with_timeouts(Mode::AnswerLargeFetches, timeouts).await;
     let sent = 20;
     let mut stream = send_fetches_with_a_small_receive_buffer(server.addr(), sent).await;
     // Reading nothing for longer than the write timeout: the connection is
