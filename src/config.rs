@@ -59,6 +59,10 @@ pub mod defaults {
     pub const FETCH_TIMEOUT_MS: u64 = 2000;
     pub const RETRY_BACKOFF_MS: u64 = 20;
     pub const REQUEST_TIMEOUT_MS: u64 = 2000;
+    /// The shortest request timeout: a parked fetch waits half of it, and
+    /// below 2 ms that half is 0, so idle followers would fetch in a busy
+    /// loop. 10 ms keeps an idle follower below 200 fetches a second.
+    pub const MIN_REQUEST_TIMEOUT_MS: u64 = 10;
     pub const ELECTION_BACKOFF_MAX_MS: u64 = 1000;
     pub const APPEND_LINGER_MS: u64 = 0;
     pub const MAX_IDLE_INTERVAL_MS: u64 = 500;
@@ -578,21 +582,21 @@ impl Ctx<'_> {
         }
     }
 
-    /// Milliseconds: positive (or ≥ 0 when `allow_zero`), at most [`MAX_MS`].
-    fn ms(&self, key: &str, value: Option<Value>, default: u64, allow_zero: bool) -> Result<u64, ConfigError> {
+    /// Milliseconds: at least `min`, at most [`MAX_MS`].
+    fn ms(&self, key: &str, value: Option<Value>, default: u64, min: u64) -> Result<u64, ConfigError> {
         let Some(value) = value else {
             return Ok(default);
         };
-        let (min, what) = if allow_zero {
-            (0, "a non-negative integer (milliseconds)")
-        } else {
-            (1, "a positive integer (milliseconds)")
+        let what = match min {
+            0 => "a non-negative integer (milliseconds)".to_string(),
+            1 => "a positive integer (milliseconds)".to_string(),
+            _ => format!("an integer of milliseconds, at least {min}"),
         };
         match value {
             Value::Integer(n) if n > MAX_MS as i64 => {
                 Err(self.invalid(key, &value, format!("at most {MAX_MS} (milliseconds, ten years)")))
             }
-            _ => Ok(self.int(key, &value, min, MAX_MS as i64, what)? as u64),
+            _ => Ok(self.int(key, &value, min as i64, MAX_MS as i64, &what)? as u64),
         }
     }
 
@@ -744,37 +748,37 @@ impl Ctx<'_> {
                 "quorum.election_timeout_ms",
                 raw.quorum.election_timeout_ms,
                 ELECTION_TIMEOUT_MS,
-                false,
+                1,
             )?,
             fetch_timeout_ms: self.ms(
                 "quorum.fetch_timeout_ms",
                 raw.quorum.fetch_timeout_ms,
                 FETCH_TIMEOUT_MS,
-                false,
+                1,
             )?,
             retry_backoff_ms: self.ms(
                 "quorum.retry_backoff_ms",
                 raw.quorum.retry_backoff_ms,
                 RETRY_BACKOFF_MS,
-                false,
+                1,
             )?,
             request_timeout_ms: self.ms(
                 "quorum.request_timeout_ms",
                 raw.quorum.request_timeout_ms,
                 REQUEST_TIMEOUT_MS,
-                false,
+                MIN_REQUEST_TIMEOUT_MS,
             )?,
             election_backoff_max_ms: self.ms(
                 "quorum.election_backoff_max_ms",
                 raw.quorum.election_backoff_max_ms,
                 ELECTION_BACKOFF_MAX_MS,
-                false,
+                1,
             )?,
             append_linger_ms: self.ms(
                 "quorum.append_linger_ms",
                 raw.quorum.append_linger_ms,
                 APPEND_LINGER_MS,
-                true,
+                0,
             )?,
         };
 
@@ -784,7 +788,7 @@ impl Ctx<'_> {
                 "metadata.max_idle_interval_ms",
                 raw.metadata.max_idle_interval_ms,
                 MAX_IDLE_INTERVAL_MS,
-                false,
+                1,
             )?,
         };
 
@@ -793,14 +797,14 @@ impl Ctx<'_> {
             "broker.heartbeat_interval_ms",
             raw.broker.heartbeat_interval_ms,
             HEARTBEAT_INTERVAL_MS,
-            false,
+            1,
         )?;
         let session_value = raw.broker.session_timeout_ms.clone();
         let session_timeout_ms = self.ms(
             "broker.session_timeout_ms",
             raw.broker.session_timeout_ms,
             SESSION_TIMEOUT_MS,
-            false,
+            1,
         )?;
         if session_timeout_ms <= heartbeat_interval_ms {
             // Blame the key that was set; with both defaults this cannot happen.
@@ -839,12 +843,12 @@ impl Ctx<'_> {
                 1,
                 u64::MAX,
             )?,
-            retention_ms: self.ms("log.retention_ms", raw.log.retention_ms, RETENTION_MS, false)?,
+            retention_ms: self.ms("log.retention_ms", raw.log.retention_ms, RETENTION_MS, 1)?,
             cleaner_interval_ms: self.ms(
                 "log.cleaner_interval_ms",
                 raw.log.cleaner_interval_ms,
                 CLEANER_INTERVAL_MS,
-                false,
+                1,
             )?,
         };
 
@@ -861,7 +865,7 @@ impl Ctx<'_> {
                 "snapshot.max_interval_ms",
                 raw.snapshot.max_interval_ms,
                 SNAPSHOT_MAX_INTERVAL_MS,
-                false,
+                1,
             )?,
         };
 

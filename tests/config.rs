@@ -153,6 +153,7 @@ fn every_bad_value_names_its_key() {
         ("[quorum]\nfetch_timeout_ms = 0", "quorum.fetch_timeout_ms"),
         ("[quorum]\nretry_backoff_ms = -1", "quorum.retry_backoff_ms"),
         ("[quorum]\nrequest_timeout_ms = 0", "quorum.request_timeout_ms"),
+        ("[quorum]\nrequest_timeout_ms = 9", "quorum.request_timeout_ms"),
         (
             "[quorum]\nelection_backoff_max_ms = 0",
             "quorum.election_backoff_max_ms",
@@ -175,6 +176,16 @@ fn every_bad_value_names_its_key() {
     for (text, key) in cases {
         invalid(text, key);
     }
+}
+
+#[test]
+fn the_request_timeout_leaves_a_parked_fetch_time_to_wait() {
+    // Half the request timeout is how long a parked fetch waits; at 1 ms
+    // that half would be 0 and an idle follower would fetch in a busy loop.
+    let message = invalid("[quorum]\nrequest_timeout_ms = 1", "quorum.request_timeout_ms");
+    assert!(message.contains("at least 10"), "{message}");
+    let config = Config::from_toml_str("[quorum]\nrequest_timeout_ms = 10", &[]).unwrap();
+    assert_eq!(config.raft_config().fetch_max_wait_ms, 5);
 }
 
 #[test]
