@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
 
 use kraft::actors::request_manager::RequestManager;
-use kraft::actors::transport::{serve_with, ConnectionTimeouts, RaftServer, MAX_LOG_ANSWERS_PER_CONNECTION};
+use kraft::actors::transport::{serve_with, ConnectionLimits, RaftServer, MAX_LOG_ANSWERS_PER_CONNECTION};
 use kraft::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
 use kraft::messages::codec::{self, Body, Envelope, WIRE_VERSION};
 use kraft::messages::records::Batch;
@@ -217,21 +217,21 @@ async fn start_server_at(addr: SocketAddr, mode: Mode) -> std::io::Result<TestSe
 }
 
 async fn start_server_with(addr: SocketAddr, local_id: NodeId, mode: Mode) -> std::io::Result<TestServer> {
-    start_server_timed(addr, local_id, mode, ConnectionTimeouts::default()).await
+    start_server_limited(addr, local_id, mode, ConnectionLimits::default()).await
 }
 
-/// A server on an ephemeral port with `timeouts` instead of the defaults.
-async fn start_server_with_timeouts(mode: Mode, timeouts: ConnectionTimeouts) -> TestServer {
-    start_server_timed("127.0.0.1:0".parse().unwrap(), SERVER_ID, mode, timeouts)
+/// A server on an ephemeral port with `limits` instead of the defaults.
+async fn start_server_with_limits(mode: Mode, limits: ConnectionLimits) -> TestServer {
+    start_server_limited("127.0.0.1:0".parse().unwrap(), SERVER_ID, mode, limits)
         .await
         .unwrap()
 }
 
-async fn start_server_timed(
+async fn start_server_limited(
     addr: SocketAddr,
     local_id: NodeId,
     mode: Mode,
-    timeouts: ConnectionTimeouts,
+    limits: ConnectionLimits,
 ) -> std::io::Result<TestServer> {
     let received = Arc::new(AtomicUsize::new(0));
     let handler = TestHandler {
@@ -240,14 +240,14 @@ async fn start_server_timed(
         received: received.clone(),
     }
     .start();
-    // `serve` is `serve_with` and the default timeouts.
+    // `serve` is `serve_with` and the default limits.
     let server = serve_with(
         addr,
         CLUSTER.to_string(),
         local_id,
         MAX_FRAME_BYTES,
         handler.clone().recipient(),
-        timeouts,
+        limits,
     )
     .await?;
     Ok(TestServer {
@@ -537,13 +537,47 @@ async fn read_until_closed(stream: &mut TcpStream) -> usize {
 }
 
 #[actix_rt::test]
+async fn a_full_listener_makes_room_by_closing_the_connection_idle_longest() {
+    count_panics();
+    let limits = ConnectionLimits {
+        max_connections: 3,
+        ..ConnectionLimits::default()
+    };
+    let server = start_server_with_limits(Mode::Answer, limits).await;
+    // The replica's connection is the oldest, and the only one in use.
+    let mut replica = connect(server.addr()).await;
+    let mut holders = Vec::new();
+    let mut correlation_id = 0;
+    for _ in 0..6 {
+        // A connection that only holds a place, as a flood of them would.
+        holders.push(connect(server.addr()).await);
+        // Time for the listener to accept it before the replica's next frame.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        correlation_id += 1;
+        assert_serves(&mut replica, correlation_id).await;
+    }
+    // Each holder from the third on took the place of the holder idle
+    // longest; the replica, fetching all along, kept its own.
+    for holder in &mut holders[..4] {
+        assert_closed_by_server(holder).await;
+    }
+    for holder in &mut holders[4..] {
+        correlation_id += 1;
+        assert_serves(holder, correlation_id).await;
+    }
+    correlation_id += 1;
+    assert_serves(&mut replica, correlation_id).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
 async fn a_connection_with_no_frame_within_the_idle_timeout_is_closed() {
     count_panics();
-    let timeouts = ConnectionTimeouts {
+    let limits = ConnectionLimits {
         idle: Duration::from_secs(1),
-        ..ConnectionTimeouts::default()
+        ..ConnectionLimits::default()
     };
-    let server = start_server_with_timeouts(Mode::Answer, timeouts).await;
+    let server = start_server_with_limits(Mode::Answer, limits).await;
     let mut idle = connect(server.addr()).await;
     let mut busy = connect(server.addr()).await;
     // A request every 100 ms keeps a connection open past the idle timeout.
@@ -567,11 +601,11 @@ async fn a_connection_with_no_frame_within_the_idle_timeout_is_closed() {
 #[actix_rt::test]
 async fn a_peer_that_reads_no_answer_within_the_write_timeout_is_disconnected() {
     count_panics();
-    let timeouts = ConnectionTimeouts {
+    let limits = ConnectionLimits {
         write: Duration::from_millis(300),
-        ..ConnectionTimeouts::default()
+        ..ConnectionLimits::default()
     };
-    let server = start_server_with_timeouts(Mode::AnswerLargeFetches, timeouts).await;
+    let server = start_server_with_limits(Mode::AnswerLargeFetches, limits).await;
     let sent = 20;
     let mut stream = send_fetches_with_a_small_receive_buffer(server.addr(), sent).await;
     // Reading nothing for longer than the write timeout: the connection is

@@ -22,7 +22,13 @@
 //! and the connection stays open. A peer that half-closes after its last
 //! request still gets the answers before the connection is closed.
 //!
-//! Bounds: at most [`MAX_CONNECTIONS`] connections; per connection at most
+//! Bounds: at most [`MAX_CONNECTIONS`] connections. When the listener is
+//! full, a new connection takes the place of the one on which no frame has
+//! arrived for the longest time (Kafka, KIP-402, closes the least recently
+//! used connection to make room on its inter-broker listener): replicas
+//! fetch every few hundred milliseconds, so connections that only hold a
+//! place go first, and a peer that reconnects is never shut out by them.
+//! Per connection at most
 //! [`MAX_IN_FLIGHT_PER_CONNECTION`] requests whose answers are not yet
 //! written to the socket, and of those at most
 //! [`MAX_LOG_ANSWERS_PER_CONNECTION`] Fetch and FetchSnapshot requests,
@@ -31,7 +37,7 @@
 //! on the peer through TCP: a peer that sends fetches but never reads the
 //! answers holds at most 4 of them in the node's memory, not 256.
 //!
-//! Timeouts ([`ConnectionTimeouts`]): a connection on which no frame
+//! Timeouts ([`ConnectionLimits`]): a connection on which no frame
 //! arrives for [`IDLE_TIMEOUT`] (Kafka's `connections.max.idle.ms`) is
 //! closed, which also reclaims the place of a peer that vanished without a
 //! FIN (a host that lost power leaves a half-open connection that reports
@@ -41,7 +47,8 @@
 //! so a peer that stops reading holds its answers' memory for that long at
 //! most, not for as long as it keeps the connection open.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -52,7 +59,8 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::messages::actor::InboundRequest;
@@ -60,7 +68,8 @@ use crate::messages::codec::{self, Body, Envelope, WIRE_VERSION};
 use crate::messages::rpc::{ErrorCode, RaftRequest, RaftResponse};
 use crate::raft::NodeId;
 
-/// Most connections the listener keeps open at once; more are refused.
+/// Most connections the listener keeps open at once; past it a new one
+/// takes the place of the one idle longest.
 pub const MAX_CONNECTIONS: usize = 1024;
 
 /// Most requests of one connection that the handler may hold unanswered
@@ -87,17 +96,20 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// anyway, and its own request timeout gives up on the answer much sooner.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How long a connection of the listener may sit idle, and wait for its
-/// peer to read an answer; see the module documentation.
+/// How many connections the listener keeps, how long one may sit idle,
+/// and how long it may wait for its peer to read an answer; see the module
+/// documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnectionTimeouts {
+pub struct ConnectionLimits {
+    pub max_connections: usize,
     pub idle: Duration,
     pub write: Duration,
 }
 
-impl Default for ConnectionTimeouts {
+impl Default for ConnectionLimits {
     fn default() -> Self {
-        ConnectionTimeouts {
+        ConnectionLimits {
+            max_connections: MAX_CONNECTIONS,
             idle: IDLE_TIMEOUT,
             write: WRITE_TIMEOUT,
         }
@@ -191,9 +203,27 @@ struct Shared {
     local_id: NodeId,
     max_frame_bytes: u64,
     handler: Recipient<InboundRequest>,
-    timeouts: ConnectionTimeouts,
-    /// Connections currently open (≤ MAX_CONNECTIONS).
-    open_connections: Cell<usize>,
+    limits: ConnectionLimits,
+    /// The connections that hold a place (≤ `limits.max_connections`).
+    connections: RefCell<Connections>,
+}
+
+#[derive(Default)]
+struct Connections {
+    next_id: u64,
+    open: HashMap<u64, Rc<Activity>>,
+    /// Set when the listener fills up, so that it warns once per overload;
+    /// cleared once a tenth of the places are free again.
+    full_warned: bool,
+}
+
+/// What the listener knows of one connection's use.
+struct Activity {
+    peer: SocketAddr,
+    /// When its last frame arrived (its accept, before the first).
+    last_frame: Cell<Instant>,
+    /// Notified when a newer connection takes its place.
+    evicted: Notify,
 }
 
 /// Binds the raft listener on `addr` and serves it on the current actix
@@ -212,19 +242,19 @@ pub async fn serve(
         local_id,
         max_frame_bytes,
         handler,
-        ConnectionTimeouts::default(),
+        ConnectionLimits::default(),
     )
     .await
 }
 
-/// [`serve`] with other connection timeouts than the defaults.
+/// [`serve`] with other connection limits than the defaults.
 pub async fn serve_with(
     addr: SocketAddr,
     cluster_id: String,
     local_id: NodeId,
     max_frame_bytes: u64,
     handler: Recipient<InboundRequest>,
-    timeouts: ConnectionTimeouts,
+    limits: ConnectionLimits,
 ) -> std::io::Result<RaftServer> {
     let listener = TcpListener::bind(addr).await?;
     let local_addr = listener.local_addr()?;
@@ -234,8 +264,11 @@ pub async fn serve_with(
         local_id,
         max_frame_bytes,
         handler,
-        timeouts,
-        open_connections: Cell::new(0),
+        limits: ConnectionLimits {
+            max_connections: limits.max_connections.max(1),
+            ..limits
+        },
+        connections: RefCell::default(),
     });
     actix_rt::spawn(accept_loop(listener, shared, shutdown_rx));
     info!(%local_addr, node_id = local_id, "raft listener started");
@@ -259,14 +292,10 @@ async fn accept_loop(listener: TcpListener, shared: Rc<Shared>, mut shutdown: wa
         };
         match accepted {
             Ok((stream, peer)) => {
-                if shared.open_connections.get() >= MAX_CONNECTIONS {
-                    warn!(%peer, limit = MAX_CONNECTIONS, "too many raft connections; refusing this one");
-                    continue;
-                }
                 if let Err(e) = stream.set_nodelay(true) {
                     debug!(%peer, error = %e, "cannot set TCP_NODELAY");
                 }
-                let slot = ConnectionSlot::take(shared.clone());
+                let slot = ConnectionSlot::take(shared.clone(), peer);
                 actix_rt::spawn(connection(stream, peer, slot, shutdown.clone()));
             }
             Err(e) => {
@@ -303,17 +332,24 @@ struct Permits {
 }
 
 async fn connection(stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot, mut shutdown: watch::Receiver<bool>) {
-    let shared = &slot.0;
+    let shared = &slot.shared;
+    let activity = &slot.activity;
     debug!(%peer, "raft connection accepted");
     let (read_half, write_half) = stream.into_split();
     let (outbound_tx, outbound_rx) = mpsc::channel(MAX_IN_FLIGHT_PER_CONNECTION);
     let mut writer = actix_rt::spawn(write_loop(write_half, outbound_rx, shared.clone(), peer));
+    let evicted = activity.evicted.notified();
+    tokio::pin!(evicted);
     let end = tokio::select! {
         _ = shutdown_requested(&mut shutdown) => {
             debug!(%peer, "closing raft connection: listener shut down");
             ReadEnd::Abort
         }
-        end = read_loop(read_half, peer, shared, outbound_tx) => end,
+        _ = &mut evicted => {
+            debug!(%peer, "closing raft connection: a newer one took its place");
+            ReadEnd::Abort
+        }
+        end = read_loop(read_half, peer, shared, activity, outbound_tx) => end,
         // The writer ends first only when it failed or timed out.
         _ = &mut writer => ReadEnd::Abort,
     };
@@ -322,26 +358,66 @@ async fn connection(stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot, m
         // does): answer what it asked before closing our side.
         tokio::select! {
             _ = shutdown_requested(&mut shutdown) => {}
+            _ = &mut evicted => {}
             _ = &mut writer => {}
         }
     }
     writer.abort();
 }
 
-/// One of the MAX_CONNECTIONS places, held for as long as a connection's
-/// task lives (however it ends).
-struct ConnectionSlot(Rc<Shared>);
+/// One of the listener's places, held for as long as a connection's task
+/// lives (however it ends) or until a newer connection takes it.
+struct ConnectionSlot {
+    shared: Rc<Shared>,
+    id: u64,
+    activity: Rc<Activity>,
+}
 
 impl ConnectionSlot {
-    fn take(shared: Rc<Shared>) -> ConnectionSlot {
-        shared.open_connections.set(shared.open_connections.get() + 1);
-        ConnectionSlot(shared)
+    /// Takes a place for a connection from `peer`; when all are taken, the
+    /// connection whose last frame is the oldest is told to close and its
+    /// place is this one's.
+    fn take(shared: Rc<Shared>, peer: SocketAddr) -> ConnectionSlot {
+        let max = shared.limits.max_connections;
+        let mut connections = shared.connections.borrow_mut();
+        if connections.open.len() >= max {
+            let idlest = connections
+                .open
+                .iter()
+                .min_by_key(|(_, activity)| activity.last_frame.get())
+                .map(|(id, _)| *id);
+            if let Some(activity) = idlest.and_then(|id| connections.open.remove(&id)) {
+                activity.evicted.notify_one();
+                let idle = activity.last_frame.get().elapsed();
+                let closed = activity.peer;
+                if !connections.full_warned {
+                    connections.full_warned = true;
+                    warn!(%peer, %closed, limit = max, ?idle,
+                        "raft listener full; closing the connection idle longest for each new one");
+                } else {
+                    debug!(%peer, %closed, ?idle, "raft listener full; closing the connection idle longest");
+                }
+            }
+        } else if connections.open.len() < max - max / 10 {
+            connections.full_warned = false;
+        }
+        let id = connections.next_id;
+        connections.next_id += 1;
+        let activity = Rc::new(Activity {
+            peer,
+            last_frame: Cell::new(Instant::now()),
+            evicted: Notify::new(),
+        });
+        connections.open.insert(id, activity.clone());
+        drop(connections);
+        ConnectionSlot { shared, id, activity }
     }
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        self.0.open_connections.set(self.0.open_connections.get() - 1);
+        // Gone already when a newer connection took the place.
+        self.shared.connections.borrow_mut().open.remove(&self.id);
     }
 }
 
@@ -360,13 +436,14 @@ async fn read_loop(
     read_half: OwnedReadHalf,
     peer: SocketAddr,
     shared: &Shared,
+    activity: &Activity,
     outbound: mpsc::Sender<Outbound>,
 ) -> ReadEnd {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
     let log_answers = Arc::new(Semaphore::new(MAX_LOG_ANSWERS_PER_CONNECTION));
     loop {
-        let idle = shared.timeouts.idle;
+        let idle = shared.limits.idle;
         let Ok(read) = tokio::time::timeout(idle, read_frame(&mut reader, shared.max_frame_bytes)).await else {
             debug!(%peer, ?idle, "no frame within the idle timeout; closing raft connection");
             return ReadEnd::Abort;
@@ -386,6 +463,7 @@ async fn read_loop(
                 return ReadEnd::Abort;
             }
         };
+        activity.last_frame.set(Instant::now());
         let envelope = match codec::decode_frame(&body, shared.max_frame_bytes) {
             Ok(envelope) => envelope,
             Err(e) => {
@@ -504,14 +582,14 @@ async fn write_loop(
             },
             else => return,
         };
-        match tokio::time::timeout(shared.timeouts.write, write_half.write_all(&frame)).await {
+        match tokio::time::timeout(shared.limits.write, write_half.write_all(&frame)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 debug!(%peer, error = %e, "write failed; closing raft connection");
                 return;
             }
             Err(_) => {
-                warn!(%peer, timeout = ?shared.timeouts.write,
+                warn!(%peer, timeout = ?shared.limits.write,
                     "the peer read no answer within the write timeout; closing raft connection");
                 return;
             }
