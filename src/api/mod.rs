@@ -31,6 +31,8 @@ use std::num::IntErrorKind;
 use std::rc::Rc;
 
 use actix_web::error::JsonPayloadError;
+use actix_web::guard::{Guard, GuardContext};
+use actix_web::http::{header, Method};
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer, ResponseError};
 use serde::Deserialize;
 use serde_json::json;
@@ -192,36 +194,12 @@ fn routes<N: NodeApi>(cfg: &mut web::ServiceConfig, node: N, max_body_bytes: usi
             web::QueryConfig::default()
                 .error_handler(|err, _req| ApiError::BadRequest(format!("query string: {err}")).into()),
         )
-        .service(
-            web::resource("/v1/quorum")
-                .route(web::get().to(quorum::<N>))
-                .default_service(web::to(not_allowed)),
-        )
-        .service(
-            web::resource("/v1/append")
-                .route(web::post().to(append::<N>))
-                .default_service(web::to(not_allowed)),
-        )
-        .service(
-            web::resource("/v1/log")
-                .route(web::get().to(log::<N>))
-                .default_service(web::to(not_allowed)),
-        )
-        .service(
-            web::resource("/v1/snapshot")
-                .route(web::post().to(snapshot::<N>))
-                .default_service(web::to(not_allowed)),
-        )
-        .service(
-            web::resource("/healthz")
-                .route(web::get().to(healthz::<N>))
-                .default_service(web::to(not_allowed)),
-        )
-        .service(
-            web::resource("/metrics")
-                .route(web::get().to(prometheus::<N>))
-                .default_service(web::to(not_allowed)),
-        )
+        .service(one_method("/v1/quorum", Method::GET, quorum::<N>))
+        .service(one_method("/v1/append", Method::POST, append::<N>))
+        .service(one_method("/v1/log", Method::GET, log::<N>))
+        .service(one_method("/v1/snapshot", Method::POST, snapshot::<N>))
+        .service(one_method("/healthz", Method::GET, healthz::<N>))
+        .service(one_method("/metrics", Method::GET, prometheus::<N>))
         .default_service(web::to(not_found));
 }
 
@@ -252,8 +230,44 @@ async fn not_found(req: HttpRequest) -> HttpResponse {
     ApiError::NotFound(format!("no route for {}", truncated(req.path()))).error_response()
 }
 
-async fn not_allowed(req: HttpRequest) -> HttpResponse {
-    ApiError::MethodNotAllowed(format!("{} is not allowed on {}", req.method(), truncated(req.path()))).error_response()
+/// The resource at `path`, served by `handler` for `method` alone; other
+/// methods get 405 with an `Allow` header. actix-web's own method routes
+/// (`web::get()`) also record, in every request's extensions, each method
+/// they check, for an `Allow` header they build: an allocation and a map
+/// entry per request, which [`OnlyMethod`] does without.
+fn one_method<F, Args>(path: &str, method: Method, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    let allowed = method.clone();
+    web::resource(path)
+        .route(web::route().guard(OnlyMethod(method)).to(handler))
+        .default_service(web::to(move |req: HttpRequest| {
+            let allowed = allowed.clone();
+            async move { not_allowed(&req, &allowed) }
+        }))
+}
+
+/// Matches requests of one method.
+struct OnlyMethod(Method);
+
+impl Guard for OnlyMethod {
+    fn check(&self, ctx: &GuardContext<'_>) -> bool {
+        ctx.head().method == self.0
+    }
+}
+
+fn not_allowed(req: &HttpRequest, allowed: &Method) -> HttpResponse {
+    let mut response =
+        ApiError::MethodNotAllowed(format!("{} is not allowed on {}", req.method(), truncated(req.path())))
+            .error_response();
+    // A method's name is always a valid header value.
+    if let Ok(value) = header::HeaderValue::from_str(allowed.as_str()) {
+        response.headers_mut().insert(header::ALLOW, value);
+    }
+    response
 }
 
 async fn quorum<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
