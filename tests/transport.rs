@@ -537,7 +537,7 @@ async fn read_until_closed(stream: &mut TcpStream) -> usize {
 }
 
 #[actix_rt::test]
-async fn a_full_listener_makes_room_by_closing_the_connection_idle_longest() {
+async fn a_full_listener_makes_room_by_closing_the_least_recently_used_connection() {
     count_panics();
     let limits = ConnectionLimits {
         max_connections: 3,
@@ -549,15 +549,17 @@ async fn a_full_listener_makes_room_by_closing_the_connection_idle_longest() {
     let mut holders = Vec::new();
     let mut correlation_id = 0;
     for _ in 0..6 {
-        // A connection that only holds a place, as a flood of them would.
-        holders.push(connect(server.addr()).await);
-        // Time for the listener to accept it before the replica's next frame.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A connection that is used once, then only holds a place, as a
+        // flood of them would. Its answer shows the listener took it.
+        let mut holder = connect(server.addr()).await;
+        correlation_id += 1;
+        assert_serves(&mut holder, correlation_id).await;
+        holders.push(holder);
         correlation_id += 1;
         assert_serves(&mut replica, correlation_id).await;
     }
-    // Each holder from the third on took the place of the holder idle
-    // longest; the replica, fetching all along, kept its own.
+    // Each holder from the third on took the place of the holder used
+    // least recently; the replica, in use all along, kept its own.
     for holder in &mut holders[..4] {
         assert_closed_by_server(holder).await;
     }
@@ -567,6 +569,39 @@ async fn a_full_listener_makes_room_by_closing_the_connection_idle_longest() {
     }
     correlation_id += 1;
     assert_serves(&mut replica, correlation_id).await;
+    assert_no_panics();
+}
+
+#[actix_rt::test]
+async fn a_full_listener_keeps_connections_that_await_answers_and_refuses_a_new_one() {
+    count_panics();
+    let limits = ConnectionLimits {
+        max_connections: 2,
+        ..ConnectionLimits::default()
+    };
+    let server = start_server_with_limits(Mode::HoldFetches, limits).await;
+    // Two replicas whose fetches are parked: the least recently used of
+    // them sent its fetch first, but both await an answer.
+    let mut replicas = Vec::new();
+    for correlation_id in 1..=2 {
+        let mut replica = connect(server.addr()).await;
+        replica
+            .write_all(&frame(CLUSTER, correlation_id, Body::Request(fetch(0))))
+            .await
+            .unwrap();
+        server.wait_received(correlation_id as usize).await;
+        replicas.push(replica);
+    }
+    let mut newcomer = connect(server.addr()).await;
+    assert_closed_by_server(&mut newcomer).await;
+    // The parked fetches are answered on the connections they came on.
+    server.handler.send(ReleaseHeld).await.unwrap();
+    for (replica, correlation_id) in replicas.iter_mut().zip(1..) {
+        assert_eq!(read_envelope(replica).await.correlation_id, correlation_id);
+    }
+    // Now nothing is awaited: a new connection takes a place.
+    let mut newcomer = connect(server.addr()).await;
+    assert_serves(&mut newcomer, 3).await;
     assert_no_panics();
 }
 

@@ -23,11 +23,15 @@
 //! request still gets the answers before the connection is closed.
 //!
 //! Bounds: at most [`MAX_CONNECTIONS`] connections. When the listener is
-//! full, a new connection takes the place of the one on which no frame has
-//! arrived for the longest time (Kafka, KIP-402, closes the least recently
-//! used connection to make room on its inter-broker listener): replicas
-//! fetch every few hundred milliseconds, so connections that only hold a
-//! place go first, and a peer that reconnects is never shut out by them.
+//! full, a new connection takes the place of the least recently used one
+//! among those that await no answer (a frame read or an answer written is
+//! a use), as Kafka closes the least recently used connection to make room
+//! for an inter-broker one at its broker-wide limit (KIP-402). A replica's
+//! connection awaits its parked fetch's answer, or was used a moment ago,
+//! so connections that only hold a place go first, and a peer that
+//! reconnects is not shut out by them. When every connection awaits an
+//! answer, the new one is refused.
+//!
 //! Per connection at most
 //! [`MAX_IN_FLIGHT_PER_CONNECTION`] requests whose answers are not yet
 //! written to the socket, and of those at most
@@ -69,7 +73,7 @@ use crate::messages::rpc::{ErrorCode, RaftRequest, RaftResponse};
 use crate::raft::NodeId;
 
 /// Most connections the listener keeps open at once; past it a new one
-/// takes the place of the one idle longest.
+/// takes the place of the least recently used one that awaits no answer.
 pub const MAX_CONNECTIONS: usize = 1024;
 
 /// Most requests of one connection that the handler may hold unanswered
@@ -204,7 +208,8 @@ struct Shared {
     max_frame_bytes: u64,
     handler: Recipient<InboundRequest>,
     limits: ConnectionLimits,
-    /// The connections that hold a place (≤ `limits.max_connections`).
+    /// The connections that hold a place (at most `limits.max_connections`;
+    /// one that gave its place up may still be closing).
     connections: RefCell<Connections>,
 }
 
@@ -220,10 +225,36 @@ struct Connections {
 /// What the listener knows of one connection's use.
 struct Activity {
     peer: SocketAddr,
-    /// When its last frame arrived (its accept, before the first).
-    last_frame: Cell<Instant>,
+    /// When it last read a frame or wrote an answer (its accept, before).
+    last_used: Cell<Instant>,
+    /// Requests read whose answers are not yet written or dropped.
+    awaited: Cell<usize>,
     /// Notified when a newer connection takes its place.
     evicted: Notify,
+}
+
+impl Activity {
+    fn used(&self) {
+        self.last_used.set(Instant::now());
+    }
+}
+
+/// One request's claim on its connection's [`Activity::awaited`], from
+/// the moment it is read until its answer is written or dropped.
+struct Awaited(Rc<Activity>);
+
+impl Awaited {
+    fn new(activity: &Rc<Activity>) -> Awaited {
+        activity.awaited.set(activity.awaited.get() + 1);
+        Awaited(activity.clone())
+    }
+}
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        self.0.awaited.set(self.0.awaited.get() - 1);
+        self.0.used();
+    }
 }
 
 /// Binds the raft listener on `addr` and serves it on the current actix
@@ -292,10 +323,13 @@ async fn accept_loop(listener: TcpListener, shared: Rc<Shared>, mut shutdown: wa
         };
         match accepted {
             Ok((stream, peer)) => {
+                let Some(slot) = ConnectionSlot::take(shared.clone(), peer) else {
+                    // Every connection awaits an answer: this one is closed.
+                    continue;
+                };
                 if let Err(e) = stream.set_nodelay(true) {
                     debug!(%peer, error = %e, "cannot set TCP_NODELAY");
                 }
-                let slot = ConnectionSlot::take(shared.clone(), peer);
                 actix_rt::spawn(connection(stream, peer, slot, shutdown.clone()));
             }
             Err(e) => {
@@ -329,6 +363,7 @@ struct Permits {
     _in_flight: OwnedSemaphorePermit,
     /// Fetch and FetchSnapshot only.
     _log_answer: Option<OwnedSemaphorePermit>,
+    _awaited: Awaited,
 }
 
 async fn connection(stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot, mut shutdown: watch::Receiver<bool>) {
@@ -341,6 +376,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot, m
     let evicted = activity.evicted.notified();
     tokio::pin!(evicted);
     let end = tokio::select! {
+        // Told to close before reading what may already have arrived.
+        biased;
         _ = shutdown_requested(&mut shutdown) => {
             debug!(%peer, "closing raft connection: listener shut down");
             ReadEnd::Abort
@@ -374,30 +411,34 @@ struct ConnectionSlot {
 }
 
 impl ConnectionSlot {
-    /// Takes a place for a connection from `peer`; when all are taken, the
-    /// connection whose last frame is the oldest is told to close and its
-    /// place is this one's.
-    fn take(shared: Rc<Shared>, peer: SocketAddr) -> ConnectionSlot {
+    /// Takes a place for a connection from `peer`. When all are taken, the
+    /// least recently used connection that awaits no answer is told to
+    /// close and its place is this one's; when every one awaits an answer,
+    /// there is no place (`None`).
+    fn take(shared: Rc<Shared>, peer: SocketAddr) -> Option<ConnectionSlot> {
         let max = shared.limits.max_connections;
         let mut connections = shared.connections.borrow_mut();
         if connections.open.len() >= max {
-            let idlest = connections
+            let unused_longest = connections
                 .open
                 .iter()
-                .min_by_key(|(_, activity)| activity.last_frame.get())
+                .filter(|(_, activity)| activity.awaited.get() == 0)
+                .min_by_key(|(_, activity)| activity.last_used.get())
                 .map(|(id, _)| *id);
-            if let Some(activity) = idlest.and_then(|id| connections.open.remove(&id)) {
-                activity.evicted.notify_one();
-                let idle = activity.last_frame.get().elapsed();
-                let closed = activity.peer;
-                if !connections.full_warned {
-                    connections.full_warned = true;
-                    warn!(%peer, %closed, limit = max, ?idle,
-                        "raft listener full; closing the connection idle longest for each new one");
-                } else {
-                    debug!(%peer, %closed, ?idle, "raft listener full; closing the connection idle longest");
-                }
+            let closed = unused_longest.and_then(|id| connections.open.remove(&id));
+            if !connections.full_warned {
+                connections.full_warned = true;
+                warn!(%peer, limit = max,
+                    "raft listener full; each new connection takes the place of the least recently used one \
+                     that awaits no answer, or is refused while every one awaits an answer");
             }
+            let Some(activity) = closed else {
+                debug!(%peer, "raft listener full and every connection awaits an answer; refusing this one");
+                return None;
+            };
+            activity.evicted.notify_one();
+            debug!(%peer, closed = %activity.peer, unused = ?activity.last_used.get().elapsed(),
+                "raft listener full; closing the least recently used connection");
         } else if connections.open.len() < max - max / 10 {
             connections.full_warned = false;
         }
@@ -405,12 +446,14 @@ impl ConnectionSlot {
         connections.next_id += 1;
         let activity = Rc::new(Activity {
             peer,
-            last_frame: Cell::new(Instant::now()),
+            last_used: Cell::new(Instant::now()),
+            awaited: Cell::new(0),
             evicted: Notify::new(),
         });
         connections.open.insert(id, activity.clone());
+        debug_assert!(connections.open.len() <= max);
         drop(connections);
-        ConnectionSlot { shared, id, activity }
+        Some(ConnectionSlot { shared, id, activity })
     }
 }
 
@@ -436,7 +479,7 @@ async fn read_loop(
     read_half: OwnedReadHalf,
     peer: SocketAddr,
     shared: &Shared,
-    activity: &Activity,
+    activity: &Rc<Activity>,
     outbound: mpsc::Sender<Outbound>,
 ) -> ReadEnd {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
@@ -463,7 +506,7 @@ async fn read_loop(
                 return ReadEnd::Abort;
             }
         };
-        activity.last_frame.set(Instant::now());
+        activity.used();
         let envelope = match codec::decode_frame(&body, shared.max_frame_bytes) {
             Ok(envelope) => envelope,
             Err(e) => {
@@ -502,6 +545,7 @@ async fn read_loop(
         let permits = Permits {
             _in_flight: in_flight_permit,
             _log_answer: log_answer,
+            _awaited: Awaited::new(activity),
         };
 
         let refusal = if cluster_id != shared.cluster_id {

@@ -332,7 +332,10 @@ async fn unknown_routes_and_methods_answer_json() {
     let (status, value) = send_json(&node, TestRequest::get().uri("/v2/nothing")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(value["error"], "NOT_FOUND");
-    // 405 names the one method the route takes (RFC 9110, 15.5.6).
+    // 405 names the one method the route takes (RFC 9110, 15.5.6); HEAD
+    // is not served either.
+    let routed = node.clone();
+    let app = init_service(App::new().configure(move |cfg| routes(cfg, routed, 1024))).await;
     for (request, allowed) in [
         (TestRequest::get().uri("/v1/append"), "POST"),
         (TestRequest::delete().uri("/v1/quorum"), "GET"),
@@ -340,12 +343,15 @@ async fn unknown_routes_and_methods_answer_json() {
         (TestRequest::get().uri("/v1/snapshot"), "POST"),
         (TestRequest::put().uri("/healthz"), "GET"),
         (TestRequest::post().uri("/metrics"), "GET"),
+        (TestRequest::default().method(Method::HEAD).uri("/v1/quorum"), "GET"),
     ] {
-        let routed = node.clone();
-        let app = init_service(App::new().configure(move |cfg| routes(cfg, routed, 1024))).await;
         let response = call_service(&app, request.to_request()).await;
         assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(response.headers().get(header::ALLOW).unwrap(), allowed);
+        assert_eq!(
+            response.headers().get(header::CONTENT_TYPE).unwrap(),
+            "application/json"
+        );
         let value: Value = serde_json::from_slice(&read_body(response).await).unwrap();
         assert_eq!(value["error"], "METHOD_NOT_ALLOWED");
     }
