@@ -34,6 +34,14 @@ pub struct RaftConfig {
     pub max_idle_interval_ms: u64,
     /// Longest a follower asks the leader to park its fetch (Kafka: 500 ms).
     pub fetch_max_wait_ms: u64,
+    /// Longest a leader with nothing uncommitted keeps a caught-up replica's
+    /// fetch parked after the high watermark moved past what the replica was
+    /// told, in case records come to send with the news (5 ms). Kafka
+    /// (KIP-1166) answers such a fetch at once, as a leader with writes in
+    /// flight here does, and as 0 does always; under a trickle of writes
+    /// that costs every follower a second round trip per commit, which
+    /// carries nothing but the news.
+    pub high_watermark_linger_ms: u64,
     /// Largest fetch response a follower asks for (8 MiB).
     pub fetch_max_bytes: u32,
     /// The leader forgets an observer after this long without a fetch (300 s).
@@ -56,6 +64,7 @@ impl RaftConfig {
             max_batch_bytes: crate::messages::MAX_BATCH_BYTES,
             max_idle_interval_ms: 500,
             fetch_max_wait_ms: 500,
+            high_watermark_linger_ms: 5,
             fetch_max_bytes: crate::messages::MAX_BATCH_BYTES as u32,
             observer_session_ms: 300_000,
         }
@@ -1921,17 +1930,23 @@ impl RaftNode {
             let old = self.parked.remove(i);
             self.complete_parked(old);
         }
-        let parked = ParkedFetch {
+        let mut parked = ParkedFetch {
             replica,
             request_id,
             fetch_offset: req.fetch_offset,
             max_bytes: req.max_bytes,
             deadline_ms: now + req.max_wait_ms.min(self.config.fetch_max_wait_ms),
         };
-        let stale = told < self.high_watermark;
-        if req.fetch_offset < end || self.high_watermark != hw_before || stale || req.max_wait_ms == 0 {
+        // Behind on the high watermark: its own fetch moved it, or another
+        // replica's did since it was last told.
+        let behind = self.high_watermark != hw_before || told < self.high_watermark;
+        let linger = self.high_watermark_linger_ms();
+        if req.fetch_offset < end || req.max_wait_ms == 0 || (behind && linger == 0) {
             self.complete_parked(parked);
         } else {
+            if behind {
+                parked.deadline_ms = parked.deadline_ms.min(now + linger);
+            }
             self.parked.push(parked);
         }
     }
@@ -2117,10 +2132,34 @@ impl RaftNode {
         }
     }
 
-    /// Wakes every parked fetch (the high watermark moved).
-    fn wake_all_parked(&mut self) {
-        for parked in std::mem::take(&mut self.parked) {
-            self.complete_parked(parked);
+    /// How long a fetch behind on the high watermark may stay parked now:
+    /// `high_watermark_linger_ms` while this leader holds nothing
+    /// uncommitted (its whole log is below the high watermark and nothing
+    /// waits to be appended), so that only a new write can come next; 0
+    /// while writes are in flight, as Kafka does. Those writes keep
+    /// followers fetching anyway, and holding a fetch back then made them
+    /// take smaller batches sooner (`ab` at 256 clients, BENCHMARKS.md).
+    fn high_watermark_linger_ms(&self) -> u64 {
+        if self.log.end_offset() == self.high_watermark && self.accumulator.is_empty() {
+            self.config.high_watermark_linger_ms
+        } else {
+            0
+        }
+    }
+
+    /// The high watermark moved: every parked fetch is answered within
+    /// `high_watermark_linger_ms`, sooner if records come.
+    fn tell_parked_of_high_watermark(&mut self) {
+        let linger = self.high_watermark_linger_ms();
+        if linger == 0 {
+            for parked in std::mem::take(&mut self.parked) {
+                self.complete_parked(parked);
+            }
+            return;
+        }
+        let deadline = self.now_ms + linger;
+        for parked in &mut self.parked {
+            parked.deadline_ms = parked.deadline_ms.min(deadline);
         }
     }
 
@@ -2133,7 +2172,7 @@ impl RaftNode {
         if hw > self.high_watermark {
             self.high_watermark = hw;
             self.actions.push(Action::HighWatermark(hw));
-            self.wake_all_parked();
+            self.tell_parked_of_high_watermark();
         }
     }
 

@@ -110,7 +110,12 @@ fn fetch_req(replica: NodeId, epoch: Epoch, offset: Offset, last_epoch: Epoch, w
 
 /// Drives node 1 of {1,2,3} to leadership of epoch 1 at time `now`.
 fn elect_leader() -> (RaftNode, u64) {
-    let mut node = start(1, &[1, 2, 3], ElectionState::default());
+    elect_leader_with(config(1, &[1, 2, 3]))
+}
+
+/// [`elect_leader`] with `config` (node 1 of {1,2,3}).
+fn elect_leader_with(config: RaftConfig) -> (RaftNode, u64) {
+    let mut node = RaftNode::new(config, ElectionState::default(), LogView::empty(), 0, 7);
     node.take_actions();
     let mut now = 2 * T + 1;
     node.tick(now);
@@ -1141,38 +1146,155 @@ fn fetches_with_a_wrong_epoch_are_refused() {
     );
 }
 
-/// A follower whose fetch did not move the high watermark (the other one's
-/// did, while it was flushing) must not wait out its fetch's max wait to
-/// learn it: a fetch that finds the high watermark past the one it was last
-/// told is answered at once. Kafka's KIP-1166 fixes the same lag.
-#[test]
-fn a_fetch_behind_on_the_high_watermark_is_answered_at_once() {
+/// How long the leader keeps a fetch that is behind on the high watermark.
+fn hw_linger() -> u64 {
+    let linger = config(1, &[1, 2, 3]).high_watermark_linger_ms;
+    assert!(linger > 0 && linger < 500, "shorter than a fetch's max wait");
+    linger
+}
+
+/// Two followers caught up and parked at offset 2, one record (offset 1)
+/// proposed and flushed on the leader, and node 2's fetch at 2 moving the
+/// high watermark to 2 at `now + 1`.
+fn leader_whose_high_watermark_node_2_just_moved() -> (RaftNode, u64) {
     let (mut node, now) = elect_leader();
     node.take_actions();
     node.on_flushed(now, 1);
-    // Both followers are caught up and parked at 1.
+    // Both followers are caught up and told the HW of 1.
     node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
     node.handle_request(now, 3, 2, fetch_req(3, 1, 1, 1, 500));
+    node.tick(now + hw_linger());
     node.take_actions();
+    let now = now + hw_linger();
     node.handle_request(now, 2, 3, fetch_req(2, 1, 1, 1, 500));
     node.handle_request(now, 3, 4, fetch_req(3, 1, 1, 1, 500));
     assert!(responses(&node.take_actions()).is_empty(), "both parked");
     node.propose(now, vec![Record::Data(b"x".to_vec())]).unwrap();
     node.on_flushed(now, 2);
-    node.take_actions();
-    // Node 2 acknowledges offset 1 and moves the HW: answered at once, and
-    // node 3's parked fetch is woken with the new HW too.
+    // Both parked fetches take the record.
+    assert_eq!(responses(&node.take_actions()).len(), 2);
     node.handle_request(now + 1, 2, 5, fetch_req(2, 1, 2, 1, 500));
     assert_eq!(node.high_watermark(), 2);
-    node.take_actions();
+    (node, now + 1)
+}
+
+/// A follower whose fetch moved the high watermark, or finds it past what
+/// it was last told (the other follower's fetch moved it while this one
+/// was flushing), must not wait out its fetch's max wait to learn it: it is
+/// answered within the high watermark linger. Kafka's KIP-1166 fixes the
+/// same lag.
+#[test]
+fn a_fetch_behind_on_the_high_watermark_is_answered_within_the_linger() {
+    let (mut node, now) = leader_whose_high_watermark_node_2_just_moved();
+    let linger = hw_linger();
+    assert!(responses(&node.take_actions()).is_empty(), "node 2 lingers");
     // Node 3 was flushing meanwhile; it fetches at 2 after node 2 already
-    // moved the HW. Without the rule it parks until now + 501.
-    node.handle_request(now + 2, 3, 6, fetch_req(3, 1, 2, 1, 500));
-    let answered = fetch_response(&node.take_actions());
-    assert_eq!(answered.high_watermark, 2);
-    // Told now: the next caught-up fetch parks again.
-    node.handle_request(now + 3, 3, 7, fetch_req(3, 1, 2, 1, 500));
+    // moved the HW. Without the rule it parks until now + 500.
+    node.handle_request(now + 1, 3, 6, fetch_req(3, 1, 2, 1, 500));
+    assert!(responses(&node.take_actions()).is_empty(), "node 3 lingers");
+    node.tick(now + linger - 1);
+    assert!(responses(&node.take_actions()).is_empty());
+    node.tick(now + linger);
+    let told: Vec<u64> = node
+        .take_actions()
+        .iter()
+        .filter_map(|a| match a {
+            Action::RespondFetch {
+                response, request_id, ..
+            } if response.high_watermark == 2 => Some(*request_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(told.len(), 1, "node 2's fetch, the linger after it moved the HW");
+    node.tick(now + 1 + linger);
+    assert_eq!(fetch_response(&node.take_actions()).high_watermark, 2, "node 3's");
+    // Told now: the next caught-up fetch parks for the whole max wait.
+    node.handle_request(now + 1 + linger, 3, 7, fetch_req(3, 1, 2, 1, 500));
+    node.tick(now + 400);
     assert!(responses(&node.take_actions()).is_empty(), "parked");
+}
+
+/// A parked fetch is told that another replica's fetch moved the high
+/// watermark within the linger, not at the end of its wait.
+#[test]
+fn parked_fetches_learn_a_moved_high_watermark_within_the_linger() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.on_flushed(now, 1);
+    // Node 2 and observer 7 are told the HW of 1.
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
+    node.handle_request(now, 7, 2, fetch_req(7, 1, 1, 1, 500));
+    let linger = hw_linger();
+    node.tick(now + linger);
+    assert_eq!(responses(&node.take_actions()).len(), 2);
+    let now = now + linger;
+    node.propose(now, vec![Record::Data(b"x".to_vec())]).unwrap();
+    node.on_flushed(now, 2);
+    node.handle_request(now, 2, 3, fetch_req(2, 1, 1, 1, 500));
+    node.handle_request(now, 7, 4, fetch_req(7, 1, 1, 1, 500));
+    assert_eq!(responses(&node.take_actions()).len(), 2, "both take the record");
+    // The observer has it on disk first; it does not count: parked.
+    node.handle_request(now + 1, 7, 5, fetch_req(7, 1, 2, 1, 500));
+    assert!(responses(&node.take_actions()).is_empty());
+    assert_eq!(node.high_watermark(), 1);
+    // Node 2's fetch makes a majority at 2 with the leader.
+    node.handle_request(now + 2, 2, 6, fetch_req(2, 1, 2, 1, 500));
+    assert_eq!(node.high_watermark(), 2);
+    assert!(responses(&node.take_actions()).is_empty(), "both linger");
+    node.tick(now + 2 + linger - 1);
+    assert!(responses(&node.take_actions()).is_empty());
+    node.tick(now + 2 + linger);
+    let answers = responses(&node.take_actions());
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    for answer in answers {
+        let RaftResponse::Fetch(fetch) = answer else {
+            panic!("{answer:?}")
+        };
+        assert_eq!(fetch.high_watermark, 2);
+    }
+}
+
+/// A leader with writes in flight (x, not yet committed) tells a replica
+/// behind on the high watermark at once, as Kafka does: more records are
+/// coming, and followers keep fetching for them anyway.
+#[test]
+fn a_leader_with_writes_in_flight_tells_the_high_watermark_at_once() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    // The LeaderChange (offset 0) is being flushed; x waits for that flush.
+    node.propose(now, vec![Record::Data(b"x".to_vec())]).unwrap();
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 0, 0, 500));
+    node.handle_request(now, 2, 2, fetch_req(2, 1, 1, 1, 500));
+    assert_eq!(fetch_response(&node.take_actions()).high_watermark, 0, "x, HW 0");
+    // The first flush moves the HW to 1 and starts the flush of x.
+    node.on_flushed(now + 1, 1);
+    assert_eq!(node.high_watermark(), 1);
+    node.take_actions();
+    // Node 2 has x and was told 0: answered at once with the HW of 1.
+    node.handle_request(now + 2, 2, 3, fetch_req(2, 1, 2, 1, 500));
+    assert_eq!(fetch_response(&node.take_actions()).high_watermark, 1);
+}
+
+/// Records that come within the linger go out at once, with the high
+/// watermark: under a trickle of writes a follower gets one answer per
+/// commit, not one for the records and another for the news.
+#[test]
+fn records_within_the_high_watermark_linger_carry_the_news() {
+    let (mut node, now) = leader_whose_high_watermark_node_2_just_moved();
+    assert!(responses(&node.take_actions()).is_empty(), "node 2 lingers");
+    node.propose(now + 1, vec![Record::Data(b"y".to_vec())]).unwrap();
+    let answer = fetch_response(&node.take_actions());
+    assert_eq!(answer.high_watermark, 2);
+    // With no linger (Kafka), the fetch that moved the HW is answered at once.
+    let mut config = config(1, &[1, 2, 3]);
+    config.high_watermark_linger_ms = 0;
+    let (mut kafka, now) = elect_leader_with(config);
+    kafka.take_actions();
+    kafka.on_flushed(now, 1);
+    kafka.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
+    let actions = kafka.take_actions();
+    assert!(actions.contains(&Action::HighWatermark(1)));
+    assert_eq!(fetch_response(&actions).high_watermark, 1);
 }
 
 /// The leader reads at most FETCH_READ_MAX_BYTES for one answer, however
@@ -1220,13 +1342,15 @@ fn a_caught_up_fetch_parks_until_data_or_timeout() {
     node.on_flushed(now, 1);
     node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
     let actions = node.take_actions();
-    assert_eq!(
-        responses(&actions).len(),
-        1,
-        "this fetch moved the HW: answered at once"
-    );
     assert!(actions.contains(&Action::HighWatermark(1)));
-    node.handle_request(now, 2, 1, fetch_req(2, 1, 1, 1, 500));
+    assert!(
+        responses(&actions).is_empty(),
+        "this fetch moved the HW: parked for the linger, in case records come"
+    );
+    let linger = hw_linger();
+    node.tick(now + linger);
+    assert_eq!(fetch_response(&node.take_actions()).high_watermark, 1);
+    node.handle_request(now + linger, 2, 1, fetch_req(2, 1, 1, 1, 500));
     let actions = node.take_actions();
     assert!(responses(&actions).is_empty(), "parked: {actions:?}");
     node.propose(now + 10, vec![Record::Data(b"x".to_vec())]).unwrap();
@@ -1242,11 +1366,16 @@ fn a_caught_up_fetch_parks_until_data_or_timeout() {
         )),
         "woken by the append: {actions:?}"
     );
-    // Node 3 was never told the high watermark: answered at once, then it
-    // parks like node 2.
+    // Node 3 was never told the high watermark: its fetch commits x (with
+    // the leader's flush), so the leader holds nothing uncommitted and
+    // answers it when the linger is over; then it parks like node 2.
+    node.on_flushed(now + 15, 2);
+    node.take_actions();
     node.handle_request(now + 20, 3, 2, fetch_req(3, 1, 2, 1, 500));
+    assert!(responses(&node.take_actions()).is_empty());
+    node.tick(now + 20 + linger);
     assert_eq!(responses(&node.take_actions()).len(), 1);
-    node.handle_request(now + 20, 3, 2, fetch_req(3, 1, 2, 1, 500));
+    node.handle_request(now + 20 + linger, 3, 2, fetch_req(3, 1, 2, 1, 500));
     assert!(responses(&node.take_actions()).is_empty());
     node.tick(now + 420);
     assert!(responses(&node.take_actions()).is_empty());
