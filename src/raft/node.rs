@@ -962,6 +962,11 @@ impl RaftNode {
             "observer {} cannot become {to:?}",
             self.config.node_id
         );
+        if from == Leader {
+            // Fetches held within the high watermark linger still owe their
+            // replicas the news; told as this epoch's leader, before it goes.
+            self.complete_parked_behind_on_high_watermark();
+        }
         if let Some(state) = persist {
             assert!(
                 state.epoch >= self.election.epoch,
@@ -2135,7 +2140,8 @@ impl RaftNode {
     /// How long a fetch behind on the high watermark may stay parked now:
     /// `high_watermark_linger_ms` while this leader holds nothing
     /// uncommitted (its whole log is below the high watermark and nothing
-    /// waits to be appended), so that only a new write can come next; 0
+    /// waits to be appended; its own flush may still run, the followers'
+    /// made the majority), so that only a new write can come next; 0
     /// while writes are in flight, as Kafka does. Those writes keep
     /// followers fetching anyway, and holding a fetch back then made them
     /// take smaller batches sooner (`ab` at 256 clients, BENCHMARKS.md).
@@ -2144,6 +2150,20 @@ impl RaftNode {
             self.config.high_watermark_linger_ms
         } else {
             0
+        }
+    }
+
+    /// Answers at once the parked fetches of replicas not yet told the
+    /// current high watermark.
+    fn complete_parked_behind_on_high_watermark(&mut self) {
+        let Role::Leader(leader) = &self.role else { return };
+        let hw = self.high_watermark;
+        let (behind, rest): (Vec<ParkedFetch>, Vec<ParkedFetch>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| leader.replica(p.replica).is_none_or(|r| r.high_watermark_sent < hw));
+        self.parked = rest;
+        for parked in behind {
+            self.complete_parked(parked);
         }
     }
 

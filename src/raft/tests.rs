@@ -1275,6 +1275,55 @@ fn a_leader_with_writes_in_flight_tells_the_high_watermark_at_once() {
     assert_eq!(fetch_response(&node.take_actions()).high_watermark, 1);
 }
 
+/// A leader that steps down within the linger first tells the fetches it
+/// held back the high watermark: answered as the new epoch would answer
+/// them (an error), their replicas would learn the last commit only from
+/// the next leader.
+#[test]
+fn a_leader_stepping_down_within_the_linger_tells_the_high_watermark_first() {
+    let (mut node, now) = leader_whose_high_watermark_node_2_just_moved();
+    assert!(responses(&node.take_actions()).is_empty(), "node 2 lingers");
+    node.resign(now + 1);
+    let actions = node.take_actions();
+    assert_eq!(node.role().role, RoleKind::Resigned);
+    let answer = fetch_response(&actions);
+    assert_eq!(
+        (answer.error, answer.high_watermark),
+        (ErrorCode::None, 2),
+        "{actions:?}"
+    );
+}
+
+/// With writes in flight (the log ends past the new high watermark), a
+/// parked fetch is told at once when another replica's fetch moves it.
+#[test]
+fn with_writes_in_flight_parked_fetches_learn_a_moved_high_watermark_at_once() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.on_flushed(now, 1);
+    node.propose(now, vec![Record::Data(b"x".to_vec())]).unwrap();
+    node.on_flushed(now, 2);
+    node.propose(now, vec![Record::Data(b"y".to_vec())]).unwrap();
+    node.on_flushed(now, 3);
+    node.take_actions();
+    // Observer 7 reads all three records and parks at the end (HW 0).
+    node.handle_request(now, 7, 1, fetch_req(7, 1, 0, 0, 500));
+    assert_eq!(fetch_response(&node.take_actions()).high_watermark, 0);
+    node.handle_request(now, 7, 2, fetch_req(7, 1, 3, 1, 500));
+    assert!(responses(&node.take_actions()).is_empty(), "parked");
+    // Node 2 has x: with the leader, a majority at 2, and y in flight.
+    node.handle_request(now + 1, 2, 3, fetch_req(2, 1, 2, 1, 500));
+    assert_eq!(node.high_watermark(), 2);
+    let answers = responses(&node.take_actions());
+    assert_eq!(answers.len(), 2, "node 2's and the observer's: {answers:?}");
+    for answer in answers {
+        let RaftResponse::Fetch(fetch) = answer else {
+            panic!("{answer:?}")
+        };
+        assert_eq!(fetch.high_watermark, 2);
+    }
+}
+
 /// Records that come within the linger go out at once, with the high
 /// watermark: under a trickle of writes a follower gets one answer per
 /// commit, not one for the records and another for the news.
@@ -3224,7 +3273,8 @@ fn a_parked_fetch_at_the_new_log_start_is_not_sent_to_the_snapshot() {
     let end = node.log().end_offset();
     node.on_flushed(0, end);
     node.take_actions();
-    // The first fetch learns the high watermark at once; the second parks.
+    // The first fetch, behind on the high watermark, is answered when the
+    // second replaces it; the second stays parked (for the linger).
     node.handle_request(1, 7, 1, fetch_req(7, epoch, end, epoch, 500));
     node.handle_request(1, 7, 2, fetch_req(7, epoch, end, epoch, 500));
     let actions = node.take_actions();

@@ -75,6 +75,9 @@ pub struct SimParams {
     pub max_batch_bytes: usize,
     pub max_idle_interval_ms: u64,
     pub fetch_max_wait_ms: u64,
+    /// A late option (drawn in [`SimParams::late_options`]); 0 is Kafka's
+    /// rule, answering at once.
+    pub high_watermark_linger_ms: u64,
     pub fetch_max_bytes: u32,
     pub observer_session_ms: u64,
 
@@ -150,6 +153,7 @@ impl SimParams {
             // not of the protocol).
             max_idle_interval_ms: (*pick(rng, &[100, 500])).max(4 * (2 * delay_max_ms + disk_delay_max_ms)),
             fetch_max_wait_ms,
+            high_watermark_linger_ms: 0,
             fetch_max_bytes: *pick(rng, &[kraft::messages::MAX_BATCH_BYTES as u32, 2_000, 300]),
             observer_session_ms: *pick(rng, &[300_000, 5_000]),
             start_epoch: 0,
@@ -174,6 +178,8 @@ impl SimParams {
         if seed % 20 == 19 {
             self.start_epoch = NEAR_MAX_EPOCH;
         }
+        // After the draws above, so that they stay what they were.
+        self.high_watermark_linger_ms = *pick(&mut rng, &[0, 5, 5, 50]);
         self
     }
 
@@ -211,6 +217,7 @@ impl SimParams {
             max_batch_bytes: kraft::messages::MAX_BATCH_BYTES,
             max_idle_interval_ms: 500,
             fetch_max_wait_ms: 100,
+            high_watermark_linger_ms: 5,
             fetch_max_bytes: kraft::messages::MAX_BATCH_BYTES as u32,
             observer_session_ms: 300_000,
             start_epoch: 0,
@@ -237,6 +244,7 @@ impl SimParams {
         config.max_batch_bytes = self.max_batch_bytes;
         config.max_idle_interval_ms = self.max_idle_interval_ms;
         config.fetch_max_wait_ms = self.fetch_max_wait_ms;
+        config.high_watermark_linger_ms = self.high_watermark_linger_ms;
         config.fetch_max_bytes = self.fetch_max_bytes;
         config.observer_session_ms = self.observer_session_ms;
         config
@@ -247,7 +255,7 @@ impl SimParams {
         format!(
             "voters={} observers={} loss={:.3} dup={:.3} delay={}..{}ms fail_notify={} partition_every={}ms \
              crash_every={}ms restart_max={}ms crash_mid={} resign_every={}ms disk<={}ms tick<={}ms \
-             propose_every={}ms election={}ms fetch={}ms request={}ms backoff_max={}ms linger={}ms max_batch={} fetch_wait={}ms \
+             propose_every={}ms election={}ms fetch={}ms request={}ms backoff_max={}ms linger={}ms max_batch={} fetch_wait={}ms hw_linger={}ms \
              fetch_bytes={} idle={}ms slow_observer_disk<={}ms start_epoch={}",
             self.voters,
             self.observers,
@@ -271,6 +279,7 @@ impl SimParams {
             self.append_linger_ms,
             self.max_batch_bytes,
             self.fetch_max_wait_ms,
+            self.high_watermark_linger_ms,
             self.fetch_max_bytes,
             self.max_idle_interval_ms,
             self.slow_observer_disk_max_ms,
