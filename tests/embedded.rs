@@ -550,6 +550,27 @@ async fn a_data_dir_of_another_node_is_refused() {
     }
 }
 
+/// A config built in code is not checked the way `Config::load` checks a
+/// file; the one bound whose violation would spin or panic rather than fail
+/// is checked at start.
+#[actix_rt::test]
+async fn a_built_config_with_a_request_timeout_below_the_minimum_is_refused() {
+    init_tracing();
+    let ports = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+    for timeout in [0, 9] {
+        let mut config = controller_config(1, &ports, dir.path());
+        config.quorum.request_timeout_ms = timeout;
+        match node::start(config).await {
+            Err(e @ node::StartError::Other(_)) => {
+                assert!(e.to_string().contains("quorum.request_timeout_ms"), "{e}")
+            }
+            Err(e) => panic!("expected the request timeout refused, got {e}"),
+            Ok(_) => panic!("a request timeout of {timeout} ms must be refused"),
+        }
+    }
+}
+
 /// KIP-630 end to end: a follower stopped while the others write, snapshot
 /// and compact their logs past its log end comes back, is sent the
 /// leader's snapshot (FetchSnapshot), installs it and catches up; every
