@@ -1146,6 +1146,19 @@ fn fetches_with_a_wrong_epoch_are_refused() {
     );
 }
 
+/// Asserts that `actions` answer `count` fetches, each telling the high
+/// watermark `hw`.
+fn assert_fetches_told(actions: &[Action], count: usize, hw: Offset) {
+    let answers = responses(actions);
+    assert_eq!(answers.len(), count, "{answers:?}");
+    for answer in answers {
+        let RaftResponse::Fetch(fetch) = answer else {
+            panic!("not a fetch answer: {answer:?}")
+        };
+        assert_eq!(fetch.high_watermark, hw);
+    }
+}
+
 /// How long the leader keeps a fetch that is behind on the high watermark.
 fn hw_linger() -> u64 {
     let linger = config(1, &[1, 2, 3]).high_watermark_linger_ms;
@@ -1244,14 +1257,7 @@ fn parked_fetches_learn_a_moved_high_watermark_within_the_linger() {
     node.tick(now + 2 + linger - 1);
     assert!(responses(&node.take_actions()).is_empty());
     node.tick(now + 2 + linger);
-    let answers = responses(&node.take_actions());
-    assert_eq!(answers.len(), 2, "{answers:?}");
-    for answer in answers {
-        let RaftResponse::Fetch(fetch) = answer else {
-            panic!("{answer:?}")
-        };
-        assert_eq!(fetch.high_watermark, 2);
-    }
+    assert_fetches_told(&node.take_actions(), 2, 2);
 }
 
 /// A leader with writes in flight (x, not yet committed) tells a replica
@@ -1314,14 +1320,8 @@ fn with_writes_in_flight_parked_fetches_learn_a_moved_high_watermark_at_once() {
     // Node 2 has x: with the leader, a majority at 2, and y in flight.
     node.handle_request(now + 1, 2, 3, fetch_req(2, 1, 2, 1, 500));
     assert_eq!(node.high_watermark(), 2);
-    let answers = responses(&node.take_actions());
-    assert_eq!(answers.len(), 2, "node 2's and the observer's: {answers:?}");
-    for answer in answers {
-        let RaftResponse::Fetch(fetch) = answer else {
-            panic!("{answer:?}")
-        };
-        assert_eq!(fetch.high_watermark, 2);
-    }
+    // Node 2's answer and the observer's.
+    assert_fetches_told(&node.take_actions(), 2, 2);
 }
 
 /// Records that come within the linger go out at once, with the high
