@@ -547,6 +547,273 @@ fn table<T: for<'de> Deserialize<'de> + Default>(
 }
 
 // ---------------------------------------------------------------------------
+// The rules every configuration is held to, whether it was read from a file
+// (`Ctx::validate`, which names the file and the value as written) or built
+// in code ([`Config::check`]). Each rule is written once, here.
+
+/// A key in milliseconds: `min..=MAX_MS`.
+#[derive(Clone, Copy)]
+struct MsKey {
+    key: &'static str,
+    min: u64,
+}
+
+impl MsKey {
+    fn holds(self, value: u64) -> bool {
+        (self.min..=MAX_MS).contains(&value)
+    }
+
+    fn expected(self, value: i128) -> String {
+        if value > i128::from(MAX_MS) {
+            return format!("at most {MAX_MS} (milliseconds, ten years)");
+        }
+        match self.min {
+            0 => "a non-negative integer (milliseconds)".to_string(),
+            1 => "a positive integer (milliseconds)".to_string(),
+            min => format!("an integer of milliseconds, at least {min}"),
+        }
+    }
+}
+
+/// A key in bytes: `min..=max`.
+#[derive(Clone, Copy)]
+struct BytesKey {
+    key: &'static str,
+    min: u64,
+    max: u64,
+}
+
+impl BytesKey {
+    fn holds(self, value: u64) -> bool {
+        (self.min..=self.max).contains(&value)
+    }
+
+    fn expected(self) -> String {
+        if self.max == u64::MAX {
+            format!("an integer of bytes, at least {}", self.min)
+        } else {
+            format!("an integer of bytes between {} and {}", self.min, self.max)
+        }
+    }
+}
+
+mod keys {
+    use super::{defaults::MIN_REQUEST_TIMEOUT_MS, BytesKey, MsKey, MAX_BATCH_BYTES_LIMIT, MIN_MAX_FRAME_BYTES};
+
+    const fn ms(key: &'static str, min: u64) -> MsKey {
+        MsKey { key, min }
+    }
+
+    pub(super) const ELECTION_TIMEOUT: MsKey = ms("quorum.election_timeout_ms", 1);
+    pub(super) const FETCH_TIMEOUT: MsKey = ms("quorum.fetch_timeout_ms", 1);
+    pub(super) const RETRY_BACKOFF: MsKey = ms("quorum.retry_backoff_ms", 1);
+    pub(super) const REQUEST_TIMEOUT: MsKey = ms("quorum.request_timeout_ms", MIN_REQUEST_TIMEOUT_MS);
+    pub(super) const ELECTION_BACKOFF_MAX: MsKey = ms("quorum.election_backoff_max_ms", 1);
+    pub(super) const APPEND_LINGER: MsKey = ms("quorum.append_linger_ms", 0);
+    pub(super) const MAX_IDLE_INTERVAL: MsKey = ms("metadata.max_idle_interval_ms", 1);
+    pub(super) const HEARTBEAT_INTERVAL: MsKey = ms("broker.heartbeat_interval_ms", 1);
+    pub(super) const SESSION_TIMEOUT: MsKey = ms("broker.session_timeout_ms", 1);
+    pub(super) const RETENTION: MsKey = ms("log.retention_ms", 1);
+    pub(super) const CLEANER_INTERVAL: MsKey = ms("log.cleaner_interval_ms", 1);
+    pub(super) const SNAPSHOT_INTERVAL: MsKey = ms("snapshot.max_interval_ms", 1);
+
+    pub(super) const MAX_FRAME: BytesKey = BytesKey {
+        key: "listeners.max_frame_bytes",
+        min: MIN_MAX_FRAME_BYTES,
+        max: u32::MAX as u64,
+    };
+    pub(super) const MAX_BATCH: BytesKey = BytesKey {
+        key: "log.max_batch_bytes",
+        min: 1,
+        max: MAX_BATCH_BYTES_LIMIT,
+    };
+    pub(super) const RETENTION_BYTES: BytesKey = BytesKey {
+        key: "log.retention_bytes",
+        min: 1,
+        max: u64::MAX,
+    };
+    pub(super) const SNAPSHOT_BYTES: BytesKey = BytesKey {
+        key: "snapshot.max_bytes_between",
+        min: 1,
+        max: u64::MAX,
+    };
+}
+
+const NODE_ID_EXPECTED: &str = "a non-negative integer (node id)";
+const ROLES_EXPECTED: &str =
+    "a non-empty list of distinct roles from \"controller\", \"broker\", e.g. [\"controller\"]";
+const DATA_DIR_EXPECTED: &str = "a non-empty path";
+const CLUSTER_ID_EXPECTED: &str = "a non-empty string of at most 255 characters from [A-Za-z0-9._-]";
+const VOTERS_EXPECTED: &str = "a non-empty list of \"id@host:port\" voters with distinct ids and endpoints, \
+     e.g. [\"1@127.0.0.1:9093\", \"2@127.0.0.1:9094\"]";
+
+fn http_workers_expected() -> String {
+    format!("an integer between 0 (the node's own thread) and {MAX_HTTP_WORKERS} (threads)")
+}
+
+fn cluster_id_is_well_formed(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_CLUSTER_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A controller is a voter and a broker-only node is not: what
+/// `quorum.voters` should have been, if it breaks that rule.
+fn membership_expected(id: NodeId, is_controller: bool, voters: &BTreeMap<NodeId, String>) -> Option<String> {
+    match (is_controller, voters.contains_key(&id)) {
+        (true, false) => Some(format!(
+            "an entry for node.id {id} (node.roles includes \"controller\", so this node is a voter)"
+        )),
+        (false, true) => Some(format!(
+            "no entry for node.id {id} (a broker-only node is an observer, not a voter)"
+        )),
+        _ => None,
+    }
+}
+
+/// A broker's session outlives several heartbeats: what the blamed key
+/// should have been, if it does not.
+fn session_expected(blame_session: bool, heartbeat_interval_ms: u64, session_timeout_ms: u64) -> Option<String> {
+    if session_timeout_ms > heartbeat_interval_ms {
+        None
+    } else if blame_session {
+        Some(format!(
+            "more than broker.heartbeat_interval_ms ({heartbeat_interval_ms})"
+        ))
+    } else {
+        Some(format!("less than broker.session_timeout_ms ({session_timeout_ms})"))
+    }
+}
+
+/// Where a [`Config::check`] error comes from.
+const BUILT_ORIGIN: &str = "config built in code";
+
+impl Config {
+    /// Checks a configuration built in code against the rules a
+    /// `config.toml` is held to ([`Config::load`] applies them already).
+    /// [`crate::node::start`] calls it, so a value that would make a node
+    /// misbehave (a 0 ms request timeout, a heartbeat longer than the
+    /// session, a controller missing from the voters) is an error before
+    /// anything starts. Two differences from a file: byte counts may go up
+    /// to `u64::MAX`, where TOML's integers stop at `i64::MAX`, and a lone
+    /// voter that is this node may give port 0 (nobody dials it).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        // The value as a TOML literal: `5`, `"a b"`, `["1@h:9093"]`.
+        let invalid = |key: &str, value: String, expected: String| ConfigError::Invalid {
+            origin: BUILT_ORIGIN.to_string(),
+            key: key.to_string(),
+            value,
+            expected,
+        };
+        let string = |s: &str| Value::String(s.to_string()).to_string();
+        let node = &self.node;
+        if node.id < 0 {
+            return Err(invalid("node.id", node.id.to_string(), NODE_ID_EXPECTED.into()));
+        }
+        let distinct: BTreeSet<_> = node.roles.iter().collect();
+        if node.roles.is_empty() || distinct.len() != node.roles.len() {
+            let names = node.roles.iter().map(|r| Value::String(r.as_str().into())).collect();
+            return Err(invalid(
+                "node.roles",
+                Value::Array(names).to_string(),
+                ROLES_EXPECTED.into(),
+            ));
+        }
+        let data_dir = node.data_dir.to_string_lossy();
+        if data_dir.trim().is_empty() {
+            return Err(invalid("node.data_dir", string(&data_dir), DATA_DIR_EXPECTED.into()));
+        }
+        if !cluster_id_is_well_formed(&node.cluster_id) {
+            let value = string(&node.cluster_id);
+            return Err(invalid("node.cluster_id", value, CLUSTER_ID_EXPECTED.into()));
+        }
+
+        let listeners = &self.listeners;
+        if !keys::MAX_FRAME.holds(listeners.max_frame_bytes) {
+            let key = keys::MAX_FRAME;
+            return Err(invalid(key.key, listeners.max_frame_bytes.to_string(), key.expected()));
+        }
+        if listeners.http_workers > MAX_HTTP_WORKERS {
+            return Err(invalid(
+                "listeners.http_workers",
+                listeners.http_workers.to_string(),
+                http_workers_expected(),
+            ));
+        }
+
+        let voters = &self.quorum.voters;
+        let entries = || {
+            let entries = voters
+                .iter()
+                .map(|(id, endpoint)| Value::String(format!("{id}@{endpoint}")));
+            Value::Array(entries.collect()).to_string()
+        };
+        let endpoints: BTreeSet<_> = voters.values().collect();
+        // A lone voter that is this node is never dialled, so it may keep
+        // port 0 of a listener bound to a free port (`NodeHandle::raft_addr`).
+        let lone_self = voters.len() == 1 && voters.contains_key(&node.id);
+        let well_formed = voters.iter().all(|(id, endpoint)| {
+            let endpoint = match endpoint.strip_suffix(":0") {
+                Some(host) if lone_self => format!("{host}:1"),
+                _ => endpoint.clone(),
+            };
+            *id >= 0 && parse_voter(&format!("{id}@{endpoint}")) == Some((*id, endpoint))
+        });
+        if voters.is_empty() || endpoints.len() != voters.len() || !well_formed {
+            return Err(invalid("quorum.voters", entries(), VOTERS_EXPECTED.into()));
+        }
+        if let Some(expected) = membership_expected(node.id, self.is_controller(), voters) {
+            return Err(invalid("quorum.voters", entries(), expected));
+        }
+
+        for (key, value) in self.ms_values() {
+            if !key.holds(value) {
+                return Err(invalid(key.key, value.to_string(), key.expected(value.into())));
+            }
+        }
+        let broker = &self.broker;
+        if let Some(expected) = session_expected(true, broker.heartbeat_interval_ms, broker.session_timeout_ms) {
+            return Err(invalid(
+                keys::SESSION_TIMEOUT.key,
+                broker.session_timeout_ms.to_string(),
+                expected,
+            ));
+        }
+        for (key, value) in [
+            (keys::MAX_BATCH, self.log.max_batch_bytes as u64),
+            (keys::RETENTION_BYTES, self.log.retention_bytes),
+            (keys::SNAPSHOT_BYTES, self.snapshot.max_bytes_between),
+        ] {
+            if !key.holds(value) {
+                return Err(invalid(key.key, value.to_string(), key.expected()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every millisecond key with its value.
+    fn ms_values(&self) -> [(MsKey, u64); 12] {
+        let (quorum, broker) = (&self.quorum, &self.broker);
+        [
+            (keys::ELECTION_TIMEOUT, quorum.election_timeout_ms),
+            (keys::FETCH_TIMEOUT, quorum.fetch_timeout_ms),
+            (keys::RETRY_BACKOFF, quorum.retry_backoff_ms),
+            (keys::REQUEST_TIMEOUT, quorum.request_timeout_ms),
+            (keys::ELECTION_BACKOFF_MAX, quorum.election_backoff_max_ms),
+            (keys::APPEND_LINGER, quorum.append_linger_ms),
+            (keys::MAX_IDLE_INTERVAL, self.metadata.max_idle_interval_ms),
+            (keys::HEARTBEAT_INTERVAL, broker.heartbeat_interval_ms),
+            (keys::SESSION_TIMEOUT, broker.session_timeout_ms),
+            (keys::RETENTION, self.log.retention_ms),
+            (keys::CLEANER_INTERVAL, self.log.cleaner_interval_ms),
+            (keys::SNAPSHOT_INTERVAL, self.snapshot.max_interval_ms),
+        ]
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Validation.
 
 struct Ctx<'a> {
@@ -582,35 +849,23 @@ impl Ctx<'_> {
         }
     }
 
-    /// Milliseconds: at least `min`, at most [`MAX_MS`].
-    fn ms(&self, key: &str, value: Option<Value>, default: u64, min: u64) -> Result<u64, ConfigError> {
-        let Some(value) = value else {
-            return Ok(default);
-        };
-        let what = match min {
-            0 => "a non-negative integer (milliseconds)".to_string(),
-            1 => "a positive integer (milliseconds)".to_string(),
-            _ => format!("an integer of milliseconds, at least {min}"),
-        };
+    /// Milliseconds within `key`'s bounds.
+    fn ms(&self, key: MsKey, value: Option<Value>, default: u64) -> Result<u64, ConfigError> {
         match value {
-            Value::Integer(n) if n > MAX_MS as i64 => {
-                Err(self.invalid(key, &value, format!("at most {MAX_MS} (milliseconds, ten years)")))
-            }
-            _ => Ok(self.int(key, &value, min as i64, MAX_MS as i64, &what)? as u64),
+            None => Ok(default),
+            Some(Value::Integer(n)) if n >= 0 && key.holds(n as u64) => Ok(n as u64),
+            Some(Value::Integer(n)) => Err(self.invalid(key.key, &Value::Integer(n), key.expected(n.into()))),
+            Some(other) => Err(self.invalid(key.key, &other, key.expected(0))),
         }
     }
 
-    /// Bytes in `min..=max`.
-    fn bytes(&self, key: &str, value: Option<Value>, default: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
-        let Some(value) = value else {
-            return Ok(default);
-        };
-        let expected = if max >= i64::MAX as u64 {
-            format!("an integer of bytes, at least {min}")
-        } else {
-            format!("an integer of bytes between {min} and {max}")
-        };
-        Ok(self.int(key, &value, min as i64, max.min(i64::MAX as u64) as i64, &expected)? as u64)
+    /// Bytes within `key`'s bounds (TOML's integers stop at `i64::MAX`).
+    fn bytes(&self, key: BytesKey, value: Option<Value>, default: u64) -> Result<u64, ConfigError> {
+        match value {
+            None => Ok(default),
+            Some(Value::Integer(n)) if n >= 0 && key.holds(n as u64) => Ok(n as u64),
+            Some(other) => Err(self.invalid(key.key, &other, key.expected())),
+        }
     }
 
     /// A string; an override that parsed as another TOML type is taken as
@@ -656,7 +911,7 @@ impl Ctx<'_> {
         // [node]
         let id = match raw.node.id {
             None => NODE_ID,
-            Some(v) => self.int("node.id", &v, 0, i32::MAX as i64, "a non-negative integer (node id)")? as NodeId,
+            Some(v) => self.int("node.id", &v, 0, i32::MAX as i64, NODE_ID_EXPECTED)? as NodeId,
         };
         let roles = match raw.node.roles {
             None => vec![NodeRole::Controller],
@@ -665,10 +920,9 @@ impl Ctx<'_> {
         let data_dir = match raw.node.data_dir {
             None => PathBuf::from(DATA_DIR),
             Some(v) => {
-                const EXPECTED: &str = "a non-empty path";
-                let s = self.string("node.data_dir", &v, EXPECTED)?;
+                let s = self.string("node.data_dir", &v, DATA_DIR_EXPECTED)?;
                 if s.trim().is_empty() {
-                    return Err(self.invalid("node.data_dir", &v, EXPECTED));
+                    return Err(self.invalid("node.data_dir", &v, DATA_DIR_EXPECTED));
                 }
                 PathBuf::from(s)
             }
@@ -676,14 +930,9 @@ impl Ctx<'_> {
         let cluster_id = match raw.node.cluster_id {
             None => CLUSTER_ID.to_string(),
             Some(v) => {
-                const EXPECTED: &str = "a non-empty string of at most 255 characters from [A-Za-z0-9._-]";
-                let s = self.string("node.cluster_id", &v, EXPECTED)?;
-                let well_formed = !s.is_empty()
-                    && s.len() <= MAX_CLUSTER_ID_LEN
-                    && s.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-                if !well_formed {
-                    return Err(self.invalid("node.cluster_id", &v, EXPECTED));
+                let s = self.string("node.cluster_id", &v, CLUSTER_ID_EXPECTED)?;
+                if !cluster_id_is_well_formed(&s) {
+                    return Err(self.invalid("node.cluster_id", &v, CLUSTER_ID_EXPECTED));
                 }
                 s
             }
@@ -692,13 +941,7 @@ impl Ctx<'_> {
         // [listeners]
         let raft = self.socket_addr("listeners.raft", raw.listeners.raft, RAFT_LISTENER)?;
         let http = self.socket_addr("listeners.http", raw.listeners.http, HTTP_LISTENER)?;
-        let max_frame_bytes = self.bytes(
-            "listeners.max_frame_bytes",
-            raw.listeners.max_frame_bytes,
-            MAX_FRAME_BYTES,
-            MIN_MAX_FRAME_BYTES,
-            u32::MAX as u64,
-        )?;
+        let max_frame_bytes = self.bytes(keys::MAX_FRAME, raw.listeners.max_frame_bytes, MAX_FRAME_BYTES)?;
         let http_workers = match raw.listeners.http_workers {
             None => HTTP_WORKERS,
             Some(v) => self.int(
@@ -706,7 +949,7 @@ impl Ctx<'_> {
                 &v,
                 0,
                 MAX_HTTP_WORKERS as i64,
-                &format!("an integer between 0 (the node's own thread) and {MAX_HTTP_WORKERS} (threads)"),
+                &http_workers_expected(),
             )? as usize,
         };
 
@@ -716,20 +959,8 @@ impl Ctx<'_> {
             .voters
             .unwrap_or_else(|| Value::Array(VOTERS.iter().map(|v| Value::String(v.to_string())).collect()));
         let voters = self.voters(&voters_value)?;
-        let is_controller = roles.contains(&NodeRole::Controller);
-        if is_controller && !voters.contains_key(&id) {
-            return Err(self.invalid(
-                "quorum.voters",
-                &voters_value,
-                format!("an entry for node.id {id} (node.roles includes \"controller\", so this node is a voter)"),
-            ));
-        }
-        if !is_controller && voters.contains_key(&id) {
-            return Err(self.invalid(
-                "quorum.voters",
-                &voters_value,
-                format!("no entry for node.id {id} (a broker-only node is an observer, not a voter)"),
-            ));
+        if let Some(expected) = membership_expected(id, roles.contains(&NodeRole::Controller), &voters) {
+            return Err(self.invalid("quorum.voters", &voters_value, expected));
         }
         if let Some(endpoint) = voters.get(&id) {
             let voter_port = endpoint.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
@@ -745,80 +976,47 @@ impl Ctx<'_> {
         let quorum = QuorumConfig {
             voters,
             election_timeout_ms: self.ms(
-                "quorum.election_timeout_ms",
+                keys::ELECTION_TIMEOUT,
                 raw.quorum.election_timeout_ms,
                 ELECTION_TIMEOUT_MS,
-                1,
             )?,
-            fetch_timeout_ms: self.ms(
-                "quorum.fetch_timeout_ms",
-                raw.quorum.fetch_timeout_ms,
-                FETCH_TIMEOUT_MS,
-                1,
-            )?,
-            retry_backoff_ms: self.ms(
-                "quorum.retry_backoff_ms",
-                raw.quorum.retry_backoff_ms,
-                RETRY_BACKOFF_MS,
-                1,
-            )?,
-            request_timeout_ms: self.ms(
-                "quorum.request_timeout_ms",
-                raw.quorum.request_timeout_ms,
-                REQUEST_TIMEOUT_MS,
-                MIN_REQUEST_TIMEOUT_MS,
-            )?,
+            fetch_timeout_ms: self.ms(keys::FETCH_TIMEOUT, raw.quorum.fetch_timeout_ms, FETCH_TIMEOUT_MS)?,
+            retry_backoff_ms: self.ms(keys::RETRY_BACKOFF, raw.quorum.retry_backoff_ms, RETRY_BACKOFF_MS)?,
+            request_timeout_ms: self.ms(keys::REQUEST_TIMEOUT, raw.quorum.request_timeout_ms, REQUEST_TIMEOUT_MS)?,
             election_backoff_max_ms: self.ms(
-                "quorum.election_backoff_max_ms",
+                keys::ELECTION_BACKOFF_MAX,
                 raw.quorum.election_backoff_max_ms,
                 ELECTION_BACKOFF_MAX_MS,
-                1,
             )?,
-            append_linger_ms: self.ms(
-                "quorum.append_linger_ms",
-                raw.quorum.append_linger_ms,
-                APPEND_LINGER_MS,
-                0,
-            )?,
+            append_linger_ms: self.ms(keys::APPEND_LINGER, raw.quorum.append_linger_ms, APPEND_LINGER_MS)?,
         };
 
         // [metadata]
         let metadata = MetadataConfig {
             max_idle_interval_ms: self.ms(
-                "metadata.max_idle_interval_ms",
+                keys::MAX_IDLE_INTERVAL,
                 raw.metadata.max_idle_interval_ms,
                 MAX_IDLE_INTERVAL_MS,
-                1,
             )?,
         };
 
         // [broker]
         let heartbeat_interval_ms = self.ms(
-            "broker.heartbeat_interval_ms",
+            keys::HEARTBEAT_INTERVAL,
             raw.broker.heartbeat_interval_ms,
             HEARTBEAT_INTERVAL_MS,
-            1,
         )?;
         let session_value = raw.broker.session_timeout_ms.clone();
-        let session_timeout_ms = self.ms(
-            "broker.session_timeout_ms",
-            raw.broker.session_timeout_ms,
-            SESSION_TIMEOUT_MS,
-            1,
-        )?;
-        if session_timeout_ms <= heartbeat_interval_ms {
-            // Blame the key that was set; with both defaults this cannot happen.
+        let session_timeout_ms = self.ms(keys::SESSION_TIMEOUT, raw.broker.session_timeout_ms, SESSION_TIMEOUT_MS)?;
+        // Blame the key that was set; with both defaults this cannot happen.
+        let blame_session = session_value.is_some();
+        if let Some(expected) = session_expected(blame_session, heartbeat_interval_ms, session_timeout_ms) {
             let (key, value) = match session_value {
-                Some(v) => ("broker.session_timeout_ms", v),
+                Some(v) => (keys::SESSION_TIMEOUT.key, v),
                 None => (
-                    "broker.heartbeat_interval_ms",
+                    keys::HEARTBEAT_INTERVAL.key,
                     Value::Integer(heartbeat_interval_ms as i64),
                 ),
-            };
-            let expected = if key == "broker.session_timeout_ms" {
-                format!("more than broker.heartbeat_interval_ms ({heartbeat_interval_ms})")
-            } else {
-                format!("less than broker.session_timeout_ms ({session_timeout_ms})")
             };
             return Err(self.invalid(key, &value, expected));
         }
@@ -829,43 +1027,23 @@ impl Ctx<'_> {
 
         // [log]
         let log = LogConfig {
-            max_batch_bytes: self.bytes(
-                "log.max_batch_bytes",
-                raw.log.max_batch_bytes,
-                MAX_BATCH_BYTES,
-                1,
-                MAX_BATCH_BYTES_LIMIT,
-            )? as usize,
-            retention_bytes: self.bytes(
-                "log.retention_bytes",
-                raw.log.retention_bytes,
-                RETENTION_BYTES,
-                1,
-                u64::MAX,
-            )?,
-            retention_ms: self.ms("log.retention_ms", raw.log.retention_ms, RETENTION_MS, 1)?,
-            cleaner_interval_ms: self.ms(
-                "log.cleaner_interval_ms",
-                raw.log.cleaner_interval_ms,
-                CLEANER_INTERVAL_MS,
-                1,
-            )?,
+            max_batch_bytes: self.bytes(keys::MAX_BATCH, raw.log.max_batch_bytes, MAX_BATCH_BYTES)? as usize,
+            retention_bytes: self.bytes(keys::RETENTION_BYTES, raw.log.retention_bytes, RETENTION_BYTES)?,
+            retention_ms: self.ms(keys::RETENTION, raw.log.retention_ms, RETENTION_MS)?,
+            cleaner_interval_ms: self.ms(keys::CLEANER_INTERVAL, raw.log.cleaner_interval_ms, CLEANER_INTERVAL_MS)?,
         };
 
         // [snapshot]
         let snapshot = SnapshotConfig {
             max_bytes_between: self.bytes(
-                "snapshot.max_bytes_between",
+                keys::SNAPSHOT_BYTES,
                 raw.snapshot.max_bytes_between,
                 SNAPSHOT_MAX_BYTES_BETWEEN,
-                1,
-                u64::MAX,
             )?,
             max_interval_ms: self.ms(
-                "snapshot.max_interval_ms",
+                keys::SNAPSHOT_INTERVAL,
                 raw.snapshot.max_interval_ms,
                 SNAPSHOT_MAX_INTERVAL_MS,
-                1,
             )?,
         };
 
@@ -891,8 +1069,7 @@ impl Ctx<'_> {
     }
 
     fn roles(&self, value: &Value) -> Result<Vec<NodeRole>, ConfigError> {
-        const EXPECTED: &str =
-            "a non-empty list of distinct roles from \"controller\", \"broker\", e.g. [\"controller\"]";
+        const EXPECTED: &str = ROLES_EXPECTED;
         let names = self.string_list("node.roles", value, EXPECTED)?;
         let mut roles = Vec::with_capacity(names.len());
         for name in &names {
@@ -913,8 +1090,7 @@ impl Ctx<'_> {
     }
 
     fn voters(&self, value: &Value) -> Result<BTreeMap<NodeId, String>, ConfigError> {
-        const EXPECTED: &str = "a non-empty list of \"id@host:port\" voters with distinct ids and endpoints, \
-             e.g. [\"1@127.0.0.1:9093\", \"2@127.0.0.1:9094\"]";
+        const EXPECTED: &str = VOTERS_EXPECTED;
         let entries = self.string_list("quorum.voters", value, EXPECTED)?;
         let mut voters = BTreeMap::new();
         let mut endpoints = BTreeSet::new();

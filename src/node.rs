@@ -78,6 +78,10 @@ pub enum AppendError {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// A [`Config`] built in code breaks a rule a `config.toml` is held to
+    /// (see [`Config::check`]).
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
     #[error("storage: {0}")]
     Storage(#[from] crate::storage::StorageError),
     #[error("cannot bind {what} listener on {addr}: {source}")]
@@ -218,28 +222,12 @@ struct HandleInner {
     stopped: watch::Receiver<bool>,
 }
 
-/// The bound of a [`Config`] built in code (not through [`Config::load`],
-/// which checks every key) whose violation would not fail but misbehave:
-/// below [`crate::config::defaults::MIN_REQUEST_TIMEOUT_MS`] a parked fetch
-/// waits 0 ms, so idle followers fetch in a busy loop, and 0 stopped the
-/// node with a panic in the request manager.
-fn check_built_config(config: &Config) -> Result<(), StartError> {
-    let min = crate::config::defaults::MIN_REQUEST_TIMEOUT_MS;
-    let given = config.quorum.request_timeout_ms;
-    if given < min {
-        return Err(StartError::Other(format!(
-            "quorum.request_timeout_ms = {given}: expected at least {min} (milliseconds)"
-        )));
-    }
-    Ok(())
-}
-
 /// Starts a node: opens its store (checking the data dir belongs to this
 /// cluster and node), recovers its election state and log, binds the raft
 /// listener (`listeners.raft`; port 0 picks a free port, see
 /// [`NodeHandle::raft_addr`]) and starts the actors on the current arbiter.
 pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
-    check_built_config(&config)?;
+    config.check()?;
     let node_id = config.node.id;
     let cluster_id = config.node.cluster_id.clone();
 
@@ -370,7 +358,7 @@ pub fn start_custom(custom: CustomNode) -> Result<(NodeHandle, Recipient<Inbound
         connect,
         seed,
     } = custom;
-    check_built_config(&config)?;
+    config.check()?;
     let held = match &snapshot_dir {
         Some(dir) => recover_snapshots(dir, &mut *store)?,
         None => Vec::new(),

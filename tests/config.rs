@@ -370,3 +370,187 @@ fn raft_config_maps_the_quorum_keys() {
     assert_eq!(default.fetch_max_wait_ms, 500);
     assert_eq!(default.local_endpoint, "127.0.0.1:9093");
 }
+
+// ---------------------------------------------------------------------------
+// A config built in code (`Config::check`) is held to the file's rules.
+
+/// Sets one integer key on a config built in code.
+type SetInteger = fn(&mut Config, u64);
+
+/// Breaks one rule of a config built in code.
+type BreakRule = fn(&mut Config);
+
+/// Every integer key, with how to set it on a config built in code.
+const INTEGER_KEYS: &[(&str, SetInteger)] = &[
+    ("node.id", |c, v| c.node.id = v as i32),
+    ("listeners.max_frame_bytes", |c, v| c.listeners.max_frame_bytes = v),
+    ("listeners.http_workers", |c, v| c.listeners.http_workers = v as usize),
+    ("quorum.election_timeout_ms", |c, v| c.quorum.election_timeout_ms = v),
+    ("quorum.fetch_timeout_ms", |c, v| c.quorum.fetch_timeout_ms = v),
+    ("quorum.retry_backoff_ms", |c, v| c.quorum.retry_backoff_ms = v),
+    ("quorum.request_timeout_ms", |c, v| c.quorum.request_timeout_ms = v),
+    ("quorum.election_backoff_max_ms", |c, v| {
+        c.quorum.election_backoff_max_ms = v
+    }),
+    ("quorum.append_linger_ms", |c, v| c.quorum.append_linger_ms = v),
+    ("metadata.max_idle_interval_ms", |c, v| {
+        c.metadata.max_idle_interval_ms = v
+    }),
+    ("broker.heartbeat_interval_ms", |c, v| {
+        c.broker.heartbeat_interval_ms = v
+    }),
+    ("broker.session_timeout_ms", |c, v| c.broker.session_timeout_ms = v),
+    ("log.max_batch_bytes", |c, v| c.log.max_batch_bytes = v as usize),
+    ("log.retention_bytes", |c, v| c.log.retention_bytes = v),
+    ("log.retention_ms", |c, v| c.log.retention_ms = v),
+    ("log.cleaner_interval_ms", |c, v| c.log.cleaner_interval_ms = v),
+    ("snapshot.max_bytes_between", |c, v| c.snapshot.max_bytes_between = v),
+    ("snapshot.max_interval_ms", |c, v| c.snapshot.max_interval_ms = v),
+];
+
+/// The values near which some key's rule changes its answer.
+const EDGES: &[u64] = &[
+    0,
+    10,
+    64,
+    2_000,
+    9_000,
+    8 * 1024 * 1024,
+    9 * 1024 * 1024,
+    i32::MAX as u64,
+    u32::MAX as u64,
+    10 * 365 * 24 * 3600 * 1000,
+];
+
+proptest::proptest! {
+    /// The file and the code agree on every integer key: a value
+    /// `config.toml` refuses is refused in a built config, naming the same
+    /// key, and a value it accepts gives the same config both ways.
+    #[test]
+    fn a_built_config_and_a_file_accept_the_same_integers(
+        key in 0..INTEGER_KEYS.len(),
+        value in proptest::prop_oneof![
+            (0..EDGES.len(), -2i64..=2).prop_map(|(i, d)| EDGES[i].saturating_add_signed(d)),
+            0..=i64::MAX as u64,
+        ],
+    ) {
+        let (name, set) = INTEGER_KEYS[key];
+        let (table, field) = name.split_once('.').unwrap();
+        let from_file = Config::from_toml_str(&format!("[{table}]\n{field} = {value}"), &[]);
+        let mut built = Config::default();
+        set(&mut built, value);
+        // node.id beyond i32 and others beyond usize cannot be built at all.
+        let representable = name != "node.id" || value <= i32::MAX as u64;
+        proptest::prop_assume!(representable);
+        match (from_file, built.check()) {
+            (Ok(file), Ok(())) => proptest::prop_assert_eq!(file, built),
+            (Err(file), Err(code)) => {
+                // A heartbeat no shorter than the session: the file blames
+                // the key it set, a built config the session.
+                fn blamed(e: &ConfigError) -> Option<&str> {
+                    match e.key() {
+                        Some("broker.heartbeat_interval_ms") => Some("broker.session_timeout_ms"),
+                        key => key,
+                    }
+                }
+                proptest::prop_assert_eq!(blamed(&file), blamed(&code), "{} / {}", file, code);
+            }
+            (file, code) => proptest::prop_assert!(false, "{name} = {value}: file {file:?}, code {code:?}"),
+        }
+    }
+}
+
+use proptest::strategy::Strategy;
+
+#[test]
+fn the_shipped_configs_pass_the_check_of_a_built_config() {
+    Config::default().check().unwrap();
+    for name in [
+        "config.toml",
+        "examples/node1.toml",
+        "examples/node2.toml",
+        "examples/node3.toml",
+    ] {
+        let config = Config::load(&repo_file(name), &[]).unwrap();
+        config.check().unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn a_built_config_is_held_to_the_rules_of_the_file() {
+    let breaks: &[(&str, BreakRule)] = &[
+        ("node.id", |c| c.node.id = -1),
+        ("node.roles", |c| c.node.roles.clear()),
+        ("node.roles", |c| {
+            c.node.roles = vec![NodeRole::Controller, NodeRole::Controller]
+        }),
+        ("node.data_dir", |c| c.node.data_dir = PathBuf::from("")),
+        ("node.cluster_id", |c| c.node.cluster_id = String::new()),
+        ("node.cluster_id", |c| c.node.cluster_id = "a b".to_string()),
+        ("node.cluster_id", |c| c.node.cluster_id = "x".repeat(256)),
+        ("listeners.max_frame_bytes", |c| c.listeners.max_frame_bytes = u64::MAX),
+        ("quorum.voters", |c| c.quorum.voters.clear()),
+        ("quorum.voters", |c| {
+            c.quorum.voters.insert(1, "127.0.0.1".to_string());
+        }),
+        ("quorum.voters", |c| {
+            c.quorum.voters.insert(2, "127.0.0.1:0".to_string());
+        }),
+        ("quorum.voters", |c| {
+            c.quorum.voters.insert(1, " 127.0.0.1:9093".to_string());
+        }),
+        ("quorum.voters", |c| {
+            c.quorum.voters.insert(2, "127.0.0.1:9093".to_string());
+        }),
+        ("quorum.voters", |c| {
+            c.quorum.voters.insert(-2, "127.0.0.1:9094".to_string());
+        }),
+        ("quorum.voters", |c| c.node.id = 2),
+        ("quorum.voters", |c| c.node.roles = vec![NodeRole::Broker]),
+        ("quorum.election_timeout_ms", |c| {
+            c.quorum.election_timeout_ms = u64::MAX
+        }),
+        ("broker.session_timeout_ms", |c| c.broker.heartbeat_interval_ms = 9_000),
+    ];
+    for (key, break_rule) in breaks {
+        let mut config = Config::default();
+        break_rule(&mut config);
+        let err = config.check().expect_err(&format!("{config:?} must be refused"));
+        assert_eq!(err.key(), Some(*key), "{err}");
+        let message = err.to_string();
+        assert!(message.starts_with("config built in code: "), "{message}");
+        assert!(message.contains("expected"), "{message}");
+    }
+    let err = {
+        let mut config = Config::default();
+        config.node.cluster_id = "a b".to_string();
+        config.check().unwrap_err()
+    };
+    assert_eq!(
+        err.to_string(),
+        "config built in code: node.cluster_id = \"a b\": expected a non-empty string of at most 255 \
+         characters from [A-Za-z0-9._-]"
+    );
+}
+
+#[test]
+fn a_built_config_may_count_bytes_beyond_toml_and_a_lone_voter_may_keep_port_0() {
+    // TOML's integers stop at i64::MAX; a built config may say "never".
+    let mut config = Config::default();
+    config.snapshot.max_bytes_between = u64::MAX;
+    config.log.retention_bytes = u64::MAX;
+    config.check().unwrap();
+    // A broker-only node that is not a voter is fine too.
+    let mut observer = Config::default();
+    observer.node.id = 4;
+    observer.node.roles = vec![NodeRole::Broker];
+    observer.check().unwrap();
+    // A single-node quorum on a free port (examples/embed.rs): nobody dials
+    // its voter entry, so port 0 is fine there, and only there.
+    let mut lone = Config::default();
+    lone.listeners.raft = "127.0.0.1:0".parse().unwrap();
+    lone.quorum.voters.insert(1, "127.0.0.1:0".to_string());
+    lone.check().unwrap();
+    lone.quorum.voters.insert(2, "127.0.0.1:9094".to_string());
+    assert_eq!(lone.check().unwrap_err().key(), Some("quorum.voters"));
+}
