@@ -1974,6 +1974,34 @@ pub(crate) mod tests {
         thread.join().unwrap();
     }
 
+    /// Dropping the last handle ends the storage thread like a shutdown:
+    /// it flushes what it holds first.
+    #[test]
+    fn the_storage_thread_flushes_and_ends_once_every_handle_is_dropped() {
+        let (store, flushes) = store();
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), None, events).unwrap();
+        let other = appender.clone();
+        appender.append(batch(0, 1, 2)).unwrap();
+        // The thread has applied the append and waits again once a read
+        // behind it is answered.
+        block_on(appender.read(0, 2, 1 << 20).unwrap()).unwrap().unwrap();
+        drop(appender);
+        drop(other);
+        let (ended_tx, ended_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || ended_tx.send(thread.join().is_ok()));
+        let ended = ended_rx.recv_timeout(Duration::from_secs(60));
+        assert_eq!(ended, Ok(true), "the storage thread must end once its handles are gone");
+        assert_eq!(flushes.load(Ordering::SeqCst), 1, "it flushes what it holds first");
+        assert_eq!(
+            block_on(events_rx.recv()),
+            Some(StorageEvent::Flushed {
+                durable_end: 2,
+                mutations: 1
+            })
+        );
+    }
+
     #[test]
     fn flushes_queued_behind_a_flush_in_progress_become_one_group_commit() {
         let (store, flushes) = store();
