@@ -234,7 +234,7 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
     // sled's open recovers the log and fsyncs: never on the arbiter.
     let dir = config.node.data_dir.clone();
     let open_cluster_id = cluster_id.clone();
-    let (store, held, election, log) = tokio::task::spawn_blocking(move || -> Result<_, StorageError> {
+    let (store, held, election, log, committed) = tokio::task::spawn_blocking(move || -> Result<_, StorageError> {
         std::fs::create_dir_all(&dir)?;
         let mut store = SledStore::open(&dir, &open_cluster_id, node_id)?;
         let held = recover_snapshots(&dir, &mut store)?;
@@ -245,7 +245,8 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
             store.end_offset(),
             store.epoch_cache(),
         );
-        Ok((store, held, election, log))
+        let committed = store.high_watermark_hint();
+        Ok((store, held, election, log, committed))
     })
     .await
     .map_err(|e| StartError::Other(format!("the task opening the store failed: {e}")))??;
@@ -310,6 +311,7 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
         log,
         storage: (appender, events_rx, StorageWorker::Thread(storage_thread)),
         held,
+        committed,
         server: Some(server),
         raft_addr,
         connect: &connect,
@@ -370,6 +372,7 @@ pub fn start_custom(custom: CustomNode) -> Result<(NodeHandle, Recipient<Inbound
         store.end_offset(),
         store.epoch_cache(),
     );
+    let committed = store.high_watermark_hint();
     let quorum_ctx: Context<QuorumState> = Context::new();
     let inbound = quorum_ctx.address().recipient();
     let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -381,6 +384,7 @@ pub fn start_custom(custom: CustomNode) -> Result<(NodeHandle, Recipient<Inbound
         log,
         storage: (appender, events_rx, StorageWorker::Task(task)),
         held,
+        committed,
         server: None,
         raft_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
         connect: &*connect,
@@ -399,6 +403,8 @@ struct Launch<'a> {
     storage: (LogAppender, mpsc::UnboundedReceiver<StorageEvent>, StorageWorker),
     /// Valid snapshot files found at start (id, size), newest first.
     held: Vec<(SnapshotId, u64)>,
+    /// What the store knew committed (its high watermark hint).
+    committed: Offset,
     server: Option<RaftServer>,
     raft_addr: SocketAddr,
     connect: &'a dyn Fn(Recipient<RequestOutcome>) -> Recipient<SendRequest>,
@@ -415,6 +421,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         log,
         storage: (appender, events_rx, storage_worker),
         held,
+        committed,
         server,
         raft_addr,
         connect,
@@ -440,6 +447,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
     if let Some((newest, _)) = held.first() {
         engine.restore_snapshot(*newest);
     }
+    engine.restore_committed(committed);
     let held = held
         .into_iter()
         .map(|(id, size_bytes)| HeldSnapshot {

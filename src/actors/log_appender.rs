@@ -86,6 +86,12 @@ pub trait AppenderStore: LogStore {
     /// Everything below `hw` is committed and durable on this node.
     fn set_high_watermark_hint(&mut self, hw: Offset) -> storage::Result<()>;
 
+    /// The hint as the store holds it (recovered at open): everything
+    /// below it was committed. 0 for a store that keeps none.
+    fn high_watermark_hint(&self) -> Offset {
+        0
+    }
+
     /// A handle that reads the log from another thread, if the store has
     /// one: snapshots are then written on a thread of their own while the
     /// storage thread goes on appending and flushing. Without one (the
@@ -115,6 +121,10 @@ impl AppenderStore for crate::storage::SledStore {
         // Persisted with the next flush.
         crate::storage::SledStore::set_high_watermark_hint(self, hw);
         Ok(())
+    }
+
+    fn high_watermark_hint(&self) -> Offset {
+        crate::storage::SledStore::high_watermark_hint(self)
     }
 
     fn shared_reader(&self) -> Option<Box<dyn SharedLogReader>> {

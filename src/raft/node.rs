@@ -401,6 +401,12 @@ pub struct RaftNode {
     /// Kafka's high watermark: the first offset not known to be committed.
     /// Never decreases on any node.
     high_watermark: Offset,
+    /// Everything below it was committed before this node last started,
+    /// as its store recorded (see [`RaftNode::restore_committed`]). The
+    /// high watermark starts at the log start and is learnt from the
+    /// leader, as in KRaft; this keeps a leader from having the node cut
+    /// or replace what it already knows committed in the meantime.
+    committed_before_start: Offset,
     /// Log end to which the flush in flight (at most one) makes the log
     /// durable; lowered by a truncation issued after it.
     flush_target: Option<Offset>,
@@ -438,6 +444,7 @@ impl RaftNode {
             }),
             log,
             high_watermark,
+            committed_before_start: high_watermark,
             flush_target: None,
             accumulator: BatchAccumulator::default(),
             parked: Vec::new(),
@@ -647,6 +654,24 @@ impl RaftNode {
     /// At start, before any input: the newest valid snapshot on disk, which
     /// the log continues (the shell resets a log that does not). It holds
     /// committed state, so the high watermark is at least its end.
+    /// Everything below `offset` was committed before this node started
+    /// (its store's high watermark hint, at most the log end). A leader's
+    /// divergence that would cut below it, or a snapshot that ends below
+    /// it, is refused as one below the high watermark is: a correct leader
+    /// never asks for either, and the store would refuse the cut or the
+    /// reset anyway, stopping the node (after a snapshot, for good: the
+    /// installed file would not match its log at the next start).
+    pub fn restore_committed(&mut self, offset: Offset) {
+        let offset = offset.min(self.log.end_offset());
+        self.committed_before_start = self.committed_before_start.max(offset);
+    }
+
+    /// The first offset this node may not give up: its high watermark, or
+    /// what its store knew committed before it started, if higher.
+    fn committed_floor(&self) -> Offset {
+        self.high_watermark.max(self.committed_before_start)
+    }
+
     pub fn restore_snapshot(&mut self, id: SnapshotId) {
         debug_assert!(id.end_offset >= self.log.start_offset() && id.end_offset <= self.log.end_offset());
         debug_assert!(
@@ -2209,6 +2234,7 @@ impl RaftNode {
         }
         let now = self.now_ms;
         let retry = now + self.config.retry_backoff_ms.max(1);
+        let committed = self.committed_floor();
         let Role::Follower(f) = &mut self.role else { return };
         if f.leader_id != from || resp.epoch != self.election.epoch {
             return;
@@ -2234,12 +2260,13 @@ impl RaftNode {
                 None => self.log.start_offset(),
             }
             .max(self.log.start_offset());
-            if target < self.high_watermark {
+            if target < committed {
                 // Committed records are in every later leader's log; a leader
                 // asking us to drop them is broken. Refuse rather than lose them.
                 tracing::error!(
                     target,
                     hw = self.high_watermark,
+                    committed,
                     leader = from,
                     "refusing to truncate below the high watermark"
                 );
@@ -2258,7 +2285,7 @@ impl RaftNode {
             // high watermark would lose committed records.
             if id.epoch > resp.epoch
                 || id.epoch < 0
-                || id.end_offset < self.high_watermark
+                || id.end_offset < committed
                 || id.end_offset > super::MAX_LOG_OFFSET
             {
                 tracing::error!(
@@ -2266,6 +2293,7 @@ impl RaftNode {
                     ?id,
                     epoch = resp.epoch,
                     hw = self.high_watermark,
+                    committed,
                     "refusing a snapshot that cannot be the leader's"
                 );
                 f.next_fetch_ms = retry;

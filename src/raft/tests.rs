@@ -2901,6 +2901,74 @@ fn a_snapshot_ending_below_the_high_watermark_is_refused() {
     );
 }
 
+/// A restarted follower's high watermark starts at its log start and is
+/// learnt from the leader, but its store knows what was committed before
+/// (the high watermark hint). Until the leader tells it, a divergence that
+/// would cut below that, or a snapshot ending below it, is refused as one
+/// below the high watermark is; the store would refuse the cut or the
+/// reset and stop the node, and after a snapshot it could not start again.
+#[test]
+fn a_restarted_follower_refuses_to_give_up_what_its_store_knew_committed() {
+    // Epoch 1 [0,3), epoch 2 [3,6); the store knew [0,5) committed.
+    let restarted = |committed: Option<Offset>| {
+        let election = ElectionState {
+            epoch: 5,
+            voted_for: None,
+            leader_id: Some(2),
+        };
+        let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0), (2, 3)], 6), 0, 7);
+        if let Some(committed) = committed {
+            node.restore_committed(committed);
+        }
+        assert_eq!(node.high_watermark(), 0, "learnt from the leader, as in KRaft");
+        let (to, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
+        (node, to, corr)
+    };
+    let diverging = |end_offset| {
+        RaftResponse::Fetch(FetchResponse {
+            diverging_epoch: Some(DivergingEpoch { epoch: 1, end_offset }),
+            ..match leader_2_answer(0, 0, None) {
+                RaftResponse::Fetch(f) => f,
+                _ => unreachable!(),
+            }
+        })
+    };
+    let truncated = |node: &mut RaftNode| node.take_actions().iter().any(|a| matches!(a, Action::Truncate { .. }));
+    let snapshot_fetched = |node: &mut RaftNode| {
+        node.tick(1_000);
+        sent(&node.take_actions())
+            .iter()
+            .any(|(_, _, r)| matches!(r, RaftRequest::FetchSnapshot(_)))
+    };
+    let snapshot_at = |end_offset| leader_2_answer(0, 0, Some(SnapshotId { end_offset, epoch: 2 }));
+
+    // Without the store's word, both are taken (the control).
+    let (mut node, to, corr) = restarted(None);
+    node.handle_response(1, to, corr, diverging(3));
+    assert!(truncated(&mut node), "cut at the end of epoch 1");
+    let (mut node, to, corr) = restarted(None);
+    node.handle_response(1, to, corr, snapshot_at(4));
+    assert!(snapshot_fetched(&mut node));
+
+    // With it, both are refused, and what does not go below it is taken.
+    let (mut node, to, corr) = restarted(Some(5));
+    node.handle_response(1, to, corr, diverging(3));
+    assert!(!truncated(&mut node), "a cut below what was committed");
+    assert_eq!(node.log().end_offset(), 6);
+    let (mut node, to, corr) = restarted(Some(5));
+    node.handle_response(1, to, corr, snapshot_at(4));
+    assert!(
+        !snapshot_fetched(&mut node),
+        "a snapshot ending below what was committed"
+    );
+    let (mut node, to, corr) = restarted(Some(5));
+    node.handle_response(1, to, corr, snapshot_at(6));
+    assert!(snapshot_fetched(&mut node));
+    let (mut node, to, corr) = restarted(Some(3));
+    node.handle_response(1, to, corr, diverging(3));
+    assert!(truncated(&mut node), "a cut at what was committed");
+}
+
 // ---------------------------------------------------------------- rules pinned by the mutation sweep
 
 /// After EndQuorumEpoch the leader is no longer live for pre-votes: the

@@ -47,6 +47,11 @@ pub struct SimNode {
     pub role: RoleInfo,
     /// The high watermark as the engine last announced it (this life).
     pub hw: Offset,
+    /// The store's high watermark hint: the high watermark the engine had
+    /// announced when a flush last completed. A real store persists the
+    /// hint with the flush, together with the log it describes, so a crash
+    /// keeps both or neither. Handed to the engine at each start.
+    pub hw_hint: Offset,
     /// The last election state written to the store.
     pub persisted: ElectionState,
     /// When this node's deadline tick is scheduled.
@@ -347,6 +352,7 @@ impl Sim {
                     incarnation: 0,
                     log: LogMirror::new(),
                     hw: 0,
+                    hw_hint: 0,
                     persisted: ElectionState::default(),
                     deadline_at: None,
                     ticks_at: (0, 0),
@@ -798,6 +804,7 @@ impl Sim {
                 let n = self.node_mut(node);
                 n.store.flush().map_err(|e| storage(node, "flush", e))?;
                 n.log.flush();
+                n.hw_hint = n.hw_hint.max(n.hw);
                 let end = n.store.end_offset();
                 if end != n.log.end() {
                     return Err(violation(
@@ -1349,6 +1356,8 @@ impl Sim {
             n.store.epoch_cache(),
         );
         let mut engine = RaftNode::new(n.config.clone(), election.clone(), view, now, seed);
+        // Committed, and below the durable log end (the engine caps it).
+        engine.restore_committed(n.hw_hint);
         let actions = engine.take_actions();
         let initial = engine.role();
         n.engine = Some(engine);
