@@ -469,6 +469,21 @@ async fn send_fetches_with_a_small_receive_buffer(addr: SocketAddr, count: u64) 
     stream
 }
 
+/// How many requests reached the handler, once that count has stayed put
+/// for half a second (or PATIENCE has passed).
+async fn requests_once_they_stop_arriving(server: &TestServer) -> usize {
+    let deadline = Instant::now() + PATIENCE;
+    let mut seen = server.received.load(Ordering::SeqCst);
+    let mut unchanged_polls = 0;
+    while unchanged_polls < 25 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = server.received.load(Ordering::SeqCst);
+        unchanged_polls = if now == seen { unchanged_polls + 1 } else { 0 };
+        seen = now;
+    }
+    seen
+}
+
 /// A peer that sends fetches and never reads the answers: the listener
 /// holds at most MAX_LOG_ANSWERS_PER_CONNECTION answers of 1 MiB (and the
 /// sockets' buffers a few more), not one per request in flight.
@@ -481,15 +496,7 @@ async fn a_peer_that_never_reads_its_fetch_answers_gets_few_of_them_made() {
 
     // The reader stops once the answers made fill the sockets and the
     // bound; wait until the count stays put.
-    let deadline = Instant::now() + PATIENCE;
-    let mut seen = server.received.load(Ordering::SeqCst);
-    let mut unchanged_polls = 0;
-    while unchanged_polls < 25 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = server.received.load(Ordering::SeqCst);
-        unchanged_polls = if now == seen { unchanged_polls + 1 } else { 0 };
-        seen = now;
-    }
+    let seen = requests_once_they_stop_arriving(&server).await;
     // The sockets hold a few answers between them: the client's receive
     // buffer is 4 KiB, and the server's send buffer grows up to the
     // kernel's `tcp_wmem` maximum (4 MiB by default).
@@ -508,6 +515,36 @@ async fn a_peer_that_never_reads_its_fetch_answers_gets_few_of_them_made() {
         answered += 1;
     }
     assert_eq!(server.received.load(Ordering::SeqCst), sent as usize);
+    assert_no_panics();
+}
+
+/// The answers being written across the listener stay within a budget:
+/// past it, the connection whose answer has waited longest for its peer is
+/// closed, and a peer that comes later and reads its answers gets them all.
+#[actix_rt::test]
+async fn answers_left_unread_past_the_listeners_budget_close_the_connection_that_waited_longest() {
+    count_panics();
+    // One answer of 1 MiB fits; a second one being written at once does not.
+    let limits = ConnectionLimits {
+        unwritten_answer_bytes: 3 << 19,
+        ..ConnectionLimits::default()
+    };
+    let server = start_server_with_limits(Mode::AnswerLargeFetches, limits).await;
+    let sent = 20;
+    let mut first = send_fetches_with_a_small_receive_buffer(server.addr(), sent).await;
+    // The first peer reads nothing: once its answers fill the sockets, one
+    // waits to be written, and the handler gets no more of its fetches.
+    let seen = requests_once_they_stop_arriving(&server).await;
+    assert!(seen < sent as usize, "the first peer's answers did not stall");
+
+    let mut second = send_fetches_with_a_small_receive_buffer(server.addr(), sent).await;
+    read_until_closed(&mut first).await;
+    let mut answered = 0;
+    while answered < sent {
+        let envelope = read_envelope(&mut second).await;
+        assert!(matches!(envelope.body, Body::Response(RaftResponse::Fetch(_))));
+        answered += 1;
+    }
     assert_no_panics();
 }
 

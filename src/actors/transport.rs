@@ -50,6 +50,13 @@
 //! the peer does not read within [`WRITE_TIMEOUT`] closes the connection,
 //! so a peer that stops reading holds its answers' memory for that long at
 //! most, not for as long as it keeps the connection open.
+//!
+//! Across connections: the answers being written, all connections together,
+//! take at most [`MAX_UNWRITTEN_ANSWER_BYTES`]. An answer that goes past
+//! that closes the connection whose answer has waited longest for its peer
+//! to read it. A replica reads its answers within milliseconds, so peers
+//! that send fetches and read nothing (1,024 of them could otherwise hold
+//! four answers of 1-8 MiB each, gigabytes, for a minute) go first.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -100,6 +107,11 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// anyway, and its own request timeout gives up on the answer much sooner.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Most bytes of answers being written, all connections together; past it
+/// the connection whose answer has waited longest for its peer is closed.
+/// Eight of the largest fetch answers (8 MiB), or 64 of the usual 1 MiB.
+pub const MAX_UNWRITTEN_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
 /// How many connections the listener keeps, how long one may sit idle,
 /// and how long it may wait for its peer to read an answer; see the module
 /// documentation.
@@ -108,6 +120,7 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     pub idle: Duration,
     pub write: Duration,
+    pub unwritten_answer_bytes: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -116,6 +129,7 @@ impl Default for ConnectionLimits {
             max_connections: MAX_CONNECTIONS,
             idle: IDLE_TIMEOUT,
             write: WRITE_TIMEOUT,
+            unwritten_answer_bytes: MAX_UNWRITTEN_ANSWER_BYTES,
         }
     }
 }
@@ -211,6 +225,12 @@ struct Shared {
     /// The connections that hold a place (at most `limits.max_connections`;
     /// one that gave its place up may still be closing).
     connections: RefCell<Connections>,
+    /// Bytes of the answers being written, all connections together (see
+    /// [`Unwritten`]), but for those of connections told to close for it.
+    unwritten_bytes: Cell<usize>,
+    /// Set when those pass their budget, so that it warns once per
+    /// overload; cleared once they are under half of it.
+    unwritten_warned: Cell<bool>,
 }
 
 #[derive(Default)]
@@ -229,6 +249,13 @@ struct Activity {
     last_used: Cell<Instant>,
     /// Requests read whose answers are not yet written or dropped.
     awaited: Cell<usize>,
+    /// Since when the answer being written waits for the peer to take it.
+    writing_since: Cell<Option<Instant>>,
+    /// The size of that answer.
+    writing_bytes: Cell<usize>,
+    /// Set when it is told to close for the budget of bytes being written:
+    /// its answer's bytes no longer count toward that budget.
+    closing: Cell<bool>,
     /// Notified when a newer connection takes its place.
     evicted: Notify,
 }
@@ -236,6 +263,16 @@ struct Activity {
 impl Activity {
     fn used(&self) {
         self.last_used.set(Instant::now());
+    }
+
+    /// Tells the connection to close for the budget of bytes being written,
+    /// whose count no longer includes its answer.
+    fn close_for_unwritten(&self, shared: &Shared) {
+        self.closing.set(true);
+        shared
+            .unwritten_bytes
+            .set(shared.unwritten_bytes.get() - self.writing_bytes.get());
+        self.evicted.notify_one();
     }
 }
 
@@ -254,6 +291,70 @@ impl Drop for Awaited {
     fn drop(&mut self) {
         self.0.awaited.set(self.0.awaited.get() - 1);
         self.0.used();
+    }
+}
+
+/// One answer's claim on the listener's budget of bytes being written
+/// ([`ConnectionLimits::unwritten_answer_bytes`]), from its encoding until
+/// it is written or dropped.
+struct Unwritten {
+    shared: Rc<Shared>,
+    activity: Rc<Activity>,
+    bytes: usize,
+}
+
+impl Unwritten {
+    /// Takes `bytes` of the budget; past it, closes the connection whose
+    /// answer has waited longest for its peer (this one's, if it is that).
+    fn new(shared: &Rc<Shared>, activity: &Rc<Activity>, bytes: usize) -> Unwritten {
+        // A connection already told to close no longer counts.
+        let bytes = if activity.closing.get() { 0 } else { bytes };
+        activity.writing_since.set(Some(Instant::now()));
+        activity.writing_bytes.set(bytes);
+        let total = shared.unwritten_bytes.get() + bytes;
+        shared.unwritten_bytes.set(total);
+        let budget = shared.limits.unwritten_answer_bytes;
+        if total > budget {
+            let mut connections = shared.connections.borrow_mut();
+            let waited_longest = connections
+                .open
+                .iter()
+                .filter_map(|(id, activity)| Some((*id, activity.writing_since.get()?)))
+                .min_by_key(|(_, since)| *since)
+                .map(|(id, _)| id);
+            if !shared.unwritten_warned.replace(true) {
+                warn!(
+                    total,
+                    budget,
+                    "raft answers being written exceed their budget; closing the connections \
+                     whose peers have left them unread longest"
+                );
+            }
+            if let Some(closed) = waited_longest.and_then(|id| connections.open.remove(&id)) {
+                debug!(peer = %closed.peer, waited = ?closed.writing_since.get().map(|s| s.elapsed()),
+                    "closing the raft connection whose answer waited longest for its peer");
+                closed.close_for_unwritten(shared);
+            }
+        }
+        Unwritten {
+            shared: shared.clone(),
+            activity: activity.clone(),
+            bytes,
+        }
+    }
+}
+
+impl Drop for Unwritten {
+    fn drop(&mut self) {
+        let mut total = self.shared.unwritten_bytes.get();
+        if !self.activity.closing.get() {
+            total -= self.bytes;
+            self.shared.unwritten_bytes.set(total);
+        }
+        self.activity.writing_since.set(None);
+        if total < self.shared.limits.unwritten_answer_bytes / 2 {
+            self.shared.unwritten_warned.set(false);
+        }
     }
 }
 
@@ -300,6 +401,8 @@ pub async fn serve_with(
             ..limits
         },
         connections: RefCell::default(),
+        unwritten_bytes: Cell::new(0),
+        unwritten_warned: Cell::new(false),
     });
     actix_rt::spawn(accept_loop(listener, shared, shutdown_rx));
     info!(%local_addr, node_id = local_id, "raft listener started");
@@ -372,7 +475,13 @@ async fn connection(stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot, m
     debug!(%peer, "raft connection accepted");
     let (read_half, write_half) = stream.into_split();
     let (outbound_tx, outbound_rx) = mpsc::channel(MAX_IN_FLIGHT_PER_CONNECTION);
-    let mut writer = actix_rt::spawn(write_loop(write_half, outbound_rx, shared.clone(), peer));
+    let mut writer = actix_rt::spawn(write_loop(
+        write_half,
+        outbound_rx,
+        shared.clone(),
+        activity.clone(),
+        peer,
+    ));
     let evicted = activity.evicted.notified();
     tokio::pin!(evicted);
     let end = tokio::select! {
@@ -448,6 +557,9 @@ impl ConnectionSlot {
             peer,
             last_used: Cell::new(Instant::now()),
             awaited: Cell::new(0),
+            writing_since: Cell::new(None),
+            writing_bytes: Cell::new(0),
+            closing: Cell::new(false),
             evicted: Notify::new(),
         });
         connections.open.insert(id, activity.clone());
@@ -596,6 +708,7 @@ async fn write_loop(
     mut write_half: OwnedWriteHalf,
     mut outbound: mpsc::Receiver<Outbound>,
     shared: Rc<Shared>,
+    activity: Rc<Activity>,
     peer: SocketAddr,
 ) {
     let mut pending = FuturesUnordered::new();
@@ -626,6 +739,7 @@ async fn write_loop(
             },
             else => return,
         };
+        let _unwritten = Unwritten::new(&shared, &activity, frame.len());
         match tokio::time::timeout(shared.limits.write, write_half.write_all(&frame)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
