@@ -518,13 +518,14 @@ async fn a_peer_that_never_reads_its_fetch_answers_gets_few_of_them_made() {
     assert_no_panics();
 }
 
-/// The answers being written across the listener stay within a budget:
-/// past it, the connection whose answer has waited longest for its peer is
-/// closed, and a peer that comes later and reads its answers gets them all.
+/// The answers made and not yet written, across the listener, stay within
+/// a budget: past it, the connection whose peer has taken nothing for
+/// longest is closed, and a peer that comes later and reads its answers
+/// gets them all.
 #[actix_rt::test]
 async fn answers_left_unread_past_the_listeners_budget_close_the_connection_that_waited_longest() {
     count_panics();
-    // One answer of 1 MiB fits; a second one being written at once does not.
+    // One answer of 1 MiB fits, two do not.
     let limits = ConnectionLimits {
         unwritten_answer_bytes: 3 << 19,
         ..ConnectionLimits::default()
@@ -537,7 +538,13 @@ async fn answers_left_unread_past_the_listeners_budget_close_the_connection_that
     let seen = requests_once_they_stop_arriving(&server).await;
     assert!(seen < sent as usize, "the first peer's answers did not stall");
 
+    // It alone holds more than the budget, but closing it would make room
+    // for nothing: it stays until a second peer's answers need the room.
     let mut second = send_fetches_with_a_small_receive_buffer(server.addr(), sent).await;
+    // Once the second peer's answers are made too (and it reads nothing
+    // yet), the first, which has taken nothing for longer, is closed.
+    let both = requests_once_they_stop_arriving(&server).await;
+    assert!(both > seen, "the second peer's fetches reach the handler");
     read_until_closed(&mut first).await;
     let mut answered = 0;
     while answered < sent {

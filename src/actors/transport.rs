@@ -51,15 +51,17 @@
 //! so a peer that stops reading holds its answers' memory for that long at
 //! most, not for as long as it keeps the connection open.
 //!
-//! Across connections: the answers being written, all connections together,
-//! take at most [`MAX_UNWRITTEN_ANSWER_BYTES`]. An answer that goes past
-//! that closes the connection whose answer has waited longest for its peer
-//! to read it. A replica reads its answers within milliseconds, so peers
+//! Across connections: the answers made and not yet written, all
+//! connections together, take at most [`MAX_UNWRITTEN_ANSWER_BYTES`] (the
+//! writer takes answers from the handler while a write waits for its peer,
+//! so each is counted from the moment it is made). Past that, the
+//! connections whose peers have taken nothing for longest are closed until
+//! the rest fit. A replica takes its answers within milliseconds, so peers
 //! that send fetches and read nothing (1,024 of them could otherwise hold
 //! four answers of 1-8 MiB each, gigabytes, for a minute) go first.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -107,8 +109,9 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// anyway, and its own request timeout gives up on the answer much sooner.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Most bytes of answers being written, all connections together; past it
-/// the connection whose answer has waited longest for its peer is closed.
+/// Most bytes of answers made and not yet written, all connections
+/// together; past it the connections whose peers have taken nothing for
+/// longest are closed.
 /// Eight of the largest fetch answers (8 MiB), or 64 of the usual 1 MiB.
 pub const MAX_UNWRITTEN_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
@@ -225,8 +228,9 @@ struct Shared {
     /// The connections that hold a place (at most `limits.max_connections`;
     /// one that gave its place up may still be closing).
     connections: RefCell<Connections>,
-    /// Bytes of the answers being written, all connections together (see
-    /// [`Unwritten`]), but for those of connections told to close for it.
+    /// Bytes of the answers made and not yet written, all connections
+    /// together (see [`Unwritten`]), but for those of connections told to
+    /// close for it.
     unwritten_bytes: Cell<usize>,
     /// Set when those pass their budget, so that it warns once per
     /// overload; cleared once they are under half of it.
@@ -249,12 +253,13 @@ struct Activity {
     last_used: Cell<Instant>,
     /// Requests read whose answers are not yet written or dropped.
     awaited: Cell<usize>,
-    /// Since when the answer being written waits for the peer to take it.
-    writing_since: Cell<Option<Instant>>,
-    /// The size of that answer.
-    writing_bytes: Cell<usize>,
-    /// Set when it is told to close for the budget of bytes being written:
-    /// its answer's bytes no longer count toward that budget.
+    /// Bytes of its answers made and not yet written (see [`Unwritten`]).
+    unwritten: Cell<usize>,
+    /// While it has answers to write: when its peer last took some of
+    /// them, or when the first was made if it has taken none since.
+    stalled_since: Cell<Option<Instant>>,
+    /// Set when it is told to close for the listener's budget of answers:
+    /// its answers no longer count toward that budget.
     closing: Cell<bool>,
     /// Notified when a newer connection takes its place.
     evicted: Notify,
@@ -265,13 +270,21 @@ impl Activity {
         self.last_used.set(Instant::now());
     }
 
-    /// Tells the connection to close for the budget of bytes being written,
-    /// whose count no longer includes its answer.
+    /// Its peer took some of its answers.
+    fn wrote(&self) {
+        if self.stalled_since.get().is_some() {
+            self.stalled_since.set(Some(Instant::now()));
+        }
+    }
+
+    /// Tells the connection to close for the listener's budget of
+    /// answers, whose count no longer includes its answers.
     fn close_for_unwritten(&self, shared: &Shared) {
         self.closing.set(true);
         shared
             .unwritten_bytes
-            .set(shared.unwritten_bytes.get() - self.writing_bytes.get());
+            .set(shared.unwritten_bytes.get() - self.unwritten.replace(0));
+        self.stalled_since.set(None);
         self.evicted.notify_one();
     }
 }
@@ -294,9 +307,9 @@ impl Drop for Awaited {
     }
 }
 
-/// One answer's claim on the listener's budget of bytes being written
-/// ([`ConnectionLimits::unwritten_answer_bytes`]), from its encoding until
-/// it is written or dropped.
+/// One answer's claim on the listener's budget of answers made and not
+/// yet written ([`ConnectionLimits::unwritten_answer_bytes`]), from its
+/// encoding until it is written or dropped.
 struct Unwritten {
     shared: Rc<Shared>,
     activity: Rc<Activity>,
@@ -304,35 +317,45 @@ struct Unwritten {
 }
 
 impl Unwritten {
-    /// Takes `bytes` of the budget; past it, closes the connection whose
-    /// answer has waited longest for its peer (this one's, if it is that).
+    /// Takes `bytes` of the budget. Past it, closes the connections whose
+    /// peers have taken nothing for longest (this one, if it is such), until
+    /// the rest fit; a connection that alone holds more than the budget is
+    /// left, since closing it would make room for nothing.
     fn new(shared: &Rc<Shared>, activity: &Rc<Activity>, bytes: usize) -> Unwritten {
         // A connection already told to close no longer counts.
         let bytes = if activity.closing.get() { 0 } else { bytes };
-        activity.writing_since.set(Some(Instant::now()));
-        activity.writing_bytes.set(bytes);
-        let total = shared.unwritten_bytes.get() + bytes;
-        shared.unwritten_bytes.set(total);
+        if activity.unwritten.get() == 0 {
+            activity.stalled_since.set(Some(Instant::now()));
+        }
+        activity.unwritten.set(activity.unwritten.get() + bytes);
+        shared.unwritten_bytes.set(shared.unwritten_bytes.get() + bytes);
         let budget = shared.limits.unwritten_answer_bytes;
-        if total > budget {
-            let mut connections = shared.connections.borrow_mut();
-            let waited_longest = connections
-                .open
-                .iter()
-                .filter_map(|(id, activity)| Some((*id, activity.writing_since.get()?)))
-                .min_by_key(|(_, since)| *since)
-                .map(|(id, _)| id);
+        if shared.unwritten_bytes.get() > budget {
             if !shared.unwritten_warned.replace(true) {
                 warn!(
-                    total,
+                    total = shared.unwritten_bytes.get(),
                     budget,
-                    "raft answers being written exceed their budget; closing the connections \
-                     whose peers have left them unread longest"
+                    "raft answers made and not yet written exceed their budget; closing the connections \
+                     whose peers have taken nothing for longest"
                 );
             }
-            if let Some(closed) = waited_longest.and_then(|id| connections.open.remove(&id)) {
-                debug!(peer = %closed.peer, waited = ?closed.writing_since.get().map(|s| s.elapsed()),
-                    "closing the raft connection whose answer waited longest for its peer");
+            let mut connections = shared.connections.borrow_mut();
+            while shared.unwritten_bytes.get() > budget {
+                let stalled_longest = connections
+                    .open
+                    .iter()
+                    .filter(|(_, activity)| activity.unwritten.get() > 0)
+                    .filter_map(|(id, activity)| Some((*id, activity.stalled_since.get()?)))
+                    .min_by_key(|(_, since)| *since)
+                    .map(|(id, _)| id);
+                let Some(id) = stalled_longest else { break };
+                if connections.open[&id].unwritten.get() == shared.unwritten_bytes.get() {
+                    break;
+                }
+                let closed = connections.open.remove(&id).expect("found above");
+                debug!(peer = %closed.peer, unwritten = closed.unwritten.get(),
+                    stalled = ?closed.stalled_since.get().map(|s| s.elapsed()),
+                    "closing the raft connection whose peer has taken nothing for longest");
                 closed.close_for_unwritten(shared);
             }
         }
@@ -346,14 +369,16 @@ impl Unwritten {
 
 impl Drop for Unwritten {
     fn drop(&mut self) {
-        let mut total = self.shared.unwritten_bytes.get();
-        if !self.activity.closing.get() {
-            total -= self.bytes;
-            self.shared.unwritten_bytes.set(total);
+        let (shared, activity) = (&self.shared, &self.activity);
+        if !activity.closing.get() {
+            shared.unwritten_bytes.set(shared.unwritten_bytes.get() - self.bytes);
+            activity.unwritten.set(activity.unwritten.get() - self.bytes);
+            if activity.unwritten.get() == 0 {
+                activity.stalled_since.set(None);
+            }
         }
-        self.activity.writing_since.set(None);
-        if total < self.shared.limits.unwritten_answer_bytes / 2 {
-            self.shared.unwritten_warned.set(false);
+        if shared.unwritten_bytes.get() < shared.limits.unwritten_answer_bytes / 2 {
+            shared.unwritten_warned.set(false);
         }
     }
 }
@@ -557,8 +582,8 @@ impl ConnectionSlot {
             peer,
             last_used: Cell::new(Instant::now()),
             awaited: Cell::new(0),
-            writing_since: Cell::new(None),
-            writing_bytes: Cell::new(0),
+            unwritten: Cell::new(0),
+            stalled_since: Cell::new(None),
             closing: Cell::new(false),
             evicted: Notify::new(),
         });
@@ -712,47 +737,93 @@ async fn write_loop(
     peer: SocketAddr,
 ) {
     let mut pending = FuturesUnordered::new();
+    // Answers ready to write, in order; each holds its request's permits
+    // and its claim on the listener's budget until it is written. Answers
+    // are taken off `pending` while a write waits for the peer, so that
+    // the budget counts every answer made, not only the one being written.
+    let mut queue: VecDeque<Queued> = VecDeque::new();
+    // Bytes of the front answer written so far, and when it must be whole.
+    let mut written = 0;
+    let mut deadline = Instant::now();
     // False once the reader has stopped; the answers still pending are
     // written, then the writer stops.
     let mut receiving = true;
     loop {
-        // The request's permits are held until its answer is written.
-        let (frame, _permits) = tokio::select! {
+        if !receiving && pending.is_empty() && queue.is_empty() {
+            return;
+        }
+        let front = queue.front().map_or(&[][..], |q| &q.frame[written..]);
+        let event = tokio::select! {
             item = outbound.recv(), if receiving => match item {
-                None => {
-                    receiving = false;
-                    continue;
-                }
-                Some(Outbound::Ready { frame, permits }) => (frame, permits),
+                None => WriterEvent::ReaderStopped,
+                Some(Outbound::Ready { frame, permits }) => WriterEvent::Ready(frame, permits),
                 Some(Outbound::Pending { correlation_id, reply, permits }) => {
                     pending.push(async move { (correlation_id, reply.await, permits) });
                     continue;
                 }
             },
             Some((correlation_id, answer, permits)) = pending.next(), if !pending.is_empty() => match answer {
-                Ok(response) => (response_frame(&shared, correlation_id, response), permits),
+                Ok(response) => WriterEvent::Ready(response_frame(&shared, correlation_id, response), permits),
                 Err(_) => {
                     // The handler chose not to answer; the peer times out.
                     debug!(%peer, correlation_id, "request dropped without a response");
                     continue;
                 }
             },
-            else => return,
-        };
-        let _unwritten = Unwritten::new(&shared, &activity, frame.len());
-        match tokio::time::timeout(shared.limits.write, write_half.write_all(&frame)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                debug!(%peer, error = %e, "write failed; closing raft connection");
-                return;
-            }
-            Err(_) => {
+            result = write_half.write(front), if !front.is_empty() => WriterEvent::Wrote(result),
+            _ = tokio::time::sleep_until(deadline), if !front.is_empty() => {
                 warn!(%peer, timeout = ?shared.limits.write,
                     "the peer read no answer within the write timeout; closing raft connection");
                 return;
             }
+        };
+        match event {
+            WriterEvent::ReaderStopped => receiving = false,
+            WriterEvent::Ready(frame, permits) => {
+                if queue.is_empty() {
+                    deadline = Instant::now() + shared.limits.write;
+                }
+                queue.push_back(Queued {
+                    unwritten: Unwritten::new(&shared, &activity, frame.len()),
+                    frame,
+                    _permits: permits,
+                });
+            }
+            WriterEvent::Wrote(Ok(0)) => {
+                debug!(%peer, "the peer closed its side; closing raft connection");
+                return;
+            }
+            WriterEvent::Wrote(Ok(n)) => {
+                written += n;
+                activity.wrote();
+                if queue.front().is_some_and(|q| written == q.frame.len()) {
+                    queue.pop_front();
+                    written = 0;
+                    deadline = Instant::now() + shared.limits.write;
+                }
+            }
+            WriterEvent::Wrote(Err(e)) => {
+                debug!(%peer, error = %e, "write failed; closing raft connection");
+                return;
+            }
         }
     }
+}
+
+/// What a connection's writer waited for.
+enum WriterEvent {
+    ReaderStopped,
+    Ready(Vec<u8>, Permits),
+    Wrote(std::io::Result<usize>),
+}
+
+/// An answer ready to write.
+struct Queued {
+    frame: Vec<u8>,
+    #[allow(dead_code)] // held for its Drop
+    unwritten: Unwritten,
+    /// The request's places in its connection's bounds.
+    _permits: Permits,
 }
 
 fn response_frame(shared: &Shared, correlation_id: u64, response: RaftResponse) -> Vec<u8> {

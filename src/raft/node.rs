@@ -651,9 +651,6 @@ impl RaftNode {
         self.latest_snapshot
     }
 
-    /// At start, before any input: the newest valid snapshot on disk, which
-    /// the log continues (the shell resets a log that does not). It holds
-    /// committed state, so the high watermark is at least its end.
     /// Everything below `offset` was committed before this node started
     /// (its store's high watermark hint, at most the log end). A leader's
     /// divergence that would cut below it, or a snapshot that ends below
@@ -672,6 +669,9 @@ impl RaftNode {
         self.high_watermark.max(self.committed_before_start)
     }
 
+    /// At start, before any input: the newest valid snapshot on disk, which
+    /// the log continues (the shell resets a log that does not). It holds
+    /// committed state, so the high watermark is at least its end.
     pub fn restore_snapshot(&mut self, id: SnapshotId) {
         debug_assert!(id.end_offset >= self.log.start_offset() && id.end_offset <= self.log.end_offset());
         debug_assert!(
