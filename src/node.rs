@@ -43,7 +43,7 @@ use crate::actors::transport::{self, RaftServer};
 use crate::config::Config;
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
 use crate::messages::{Record, SnapshotId};
-use crate::raft::{ElectionState, Epoch, LogView, NodeId, Offset, RaftNode};
+use crate::raft::{ElectionState, Epoch, LogView, NodeId, Offset, RaftConfig, RaftNode};
 use crate::storage::{snapshot, LogStore, SledStore, StorageError};
 
 /// Where committed records landed.
@@ -411,6 +411,24 @@ struct Launch<'a> {
     seed: u64,
 }
 
+/// The engine as the store left it: its newest snapshot restored, and what
+/// the store knew committed (its high watermark hint) remembered.
+fn recovered_engine(
+    raft: RaftConfig,
+    election: ElectionState,
+    log: LogView,
+    newest_snapshot: Option<SnapshotId>,
+    committed: Offset,
+    seed: u64,
+) -> RaftNode {
+    let mut engine = RaftNode::new(raft, election, log, 0, seed);
+    if let Some(newest) = newest_snapshot {
+        engine.restore_snapshot(newest);
+    }
+    engine.restore_committed(committed);
+    engine
+}
+
 /// Starts the actors on the current arbiter and the supervisor that tears
 /// them down.
 fn launch(parts: Launch<'_>) -> NodeHandle {
@@ -443,11 +461,8 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
 
     let (on_stopped, quorum_stopped) = oneshot::channel();
     let log_end = log.end_offset();
-    let mut engine = RaftNode::new(config.raft_config(), election, log, 0, seed);
-    if let Some((newest, _)) = held.first() {
-        engine.restore_snapshot(*newest);
-    }
-    engine.restore_committed(committed);
+    let newest = held.first().map(|(id, _)| *id);
+    let engine = recovered_engine(config.raft_config(), election, log, newest, committed, seed);
     let held = held
         .into_iter()
         .map(|(id, size_bytes)| HeldSnapshot {
@@ -783,6 +798,26 @@ mod tests {
         }
         store.flush().unwrap();
         store
+    }
+
+    /// A starting node's engine gets its newest snapshot and the store's
+    /// high watermark hint.
+    #[test]
+    fn the_recovered_engine_remembers_the_snapshot_and_what_the_store_knew_committed() {
+        let store = log(10);
+        let view = || LogView::new(0, 0, store.end_offset(), store.epoch_cache());
+        let voters: std::collections::BTreeMap<NodeId, String> =
+            (1..=3).map(|id| (id, format!("127.0.0.1:{}", 9092 + id))).collect();
+        let raft = || RaftConfig::new(1, voters.clone(), "127.0.0.1:9093".to_string());
+        let election = ElectionState {
+            epoch: 2,
+            voted_for: None,
+            leader_id: Some(2),
+        };
+        let engine = recovered_engine(raft(), election.clone(), view(), None, 6, 1);
+        assert_eq!((engine.high_watermark(), engine.committed_floor()), (0, 6));
+        let engine = recovered_engine(raft(), election, view(), Some(id(8, 2)), 6, 1);
+        assert_eq!((engine.high_watermark(), engine.committed_floor()), (8, 8));
     }
 
     #[test]

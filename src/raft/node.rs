@@ -665,7 +665,7 @@ impl RaftNode {
 
     /// The first offset this node may not give up: its high watermark, or
     /// what its store knew committed before it started, if higher.
-    fn committed_floor(&self) -> Offset {
+    pub fn committed_floor(&self) -> Offset {
         self.high_watermark.max(self.committed_before_start)
     }
 
