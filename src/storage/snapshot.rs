@@ -1460,10 +1460,13 @@ fn prefix(id: SnapshotId) -> [u8; PREFIX_BYTES as usize] {
 }
 
 fn check_id(id: SnapshotId) -> Result<()> {
-    if id.end_offset < 0 || id.epoch < 0 {
+    if id.end_offset < 0 || id.end_offset > crate::raft::MAX_LOG_OFFSET || id.epoch < 0 {
         return Err(SnapshotError::Invalid {
             file: format!("(end offset {}, epoch {})", id.end_offset, id.epoch),
-            reason: "a snapshot id has a non-negative end offset and epoch".to_string(),
+            reason: format!(
+                "a snapshot id has an end offset in [0, {}] and a non-negative epoch",
+                crate::raft::MAX_LOG_OFFSET
+            ),
         });
     }
     Ok(())
@@ -1569,20 +1572,26 @@ mod tests {
         // end offset: only a buggy or hostile writer makes one.
         let dir = tempfile::tempdir().unwrap();
         let sid = id(10, 2);
+        let path = write_well_formed(dir.path(), sid, &[Batch::new(10, 2, &[Record::NoOp])]);
+        let err = SnapshotReader::open(&path).unwrap_err();
+        assert!(err.is_corrupt(), "{err}");
+        assert!(err.to_string().contains("base offset 10 is outside [0, 10)"), "{err}");
+    }
+
+    /// Writes a snapshot file of `sid` with valid CRCs everywhere: the
+    /// header, `data`, the footer.
+    fn write_well_formed(dir: &Path, sid: SnapshotId, data: &[Batch]) -> PathBuf {
         let mut bytes = prefix(sid).to_vec();
-        let frames = [
-            Batch::new(
-                0,
-                2,
-                &[Record::SnapshotHeader {
-                    version: 0,
-                    last_contained_timestamp_ms: 5,
-                }],
-            ),
-            Batch::new(10, 2, &[Record::NoOp]),
-            Batch::new(0, 2, &[Record::SnapshotFooter { version: 0 }]),
-        ];
-        for batch in &frames {
+        let header = Batch::new(
+            0,
+            2,
+            &[Record::SnapshotHeader {
+                version: 0,
+                last_contained_timestamp_ms: 5,
+            }],
+        );
+        let footer = Batch::new(0, 2, &[Record::SnapshotFooter { version: 0 }]);
+        for batch in std::iter::once(&header).chain(data).chain([&footer]) {
             let frame = encode(batch);
             bytes.extend_from_slice(&(frame.len() as u32).to_be_bytes());
             bytes.extend_from_slice(&frame);
@@ -1591,11 +1600,26 @@ mod tests {
         let crc = crc32c::crc32c(&bytes);
         bytes.extend_from_slice(&crc.to_be_bytes());
         bytes.extend_from_slice(&END_MAGIC);
-        let path = path_of(dir.path(), sid);
+        let path = path_of(dir, sid);
         fs::write(&path, &bytes).unwrap();
+        path
+    }
+
+    /// No log reaches past MAX_LOG_OFFSET, so no snapshot of one ends past
+    /// it: such an id is refused when a snapshot is written or installed,
+    /// and a file named so (hand-made, with valid CRCs) is refused at open.
+    #[test]
+    fn a_snapshot_ending_past_the_largest_log_offset_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let past = id(crate::raft::MAX_LOG_OFFSET + 1, 2);
+        assert!(SnapshotWriter::create(dir.path(), past, 0).is_err());
+        assert!(SnapshotInstaller::create(dir.path(), past, MIN_FILE_BYTES).is_err());
+        let path = write_well_formed(dir.path(), past, &[]);
         let err = SnapshotReader::open(&path).unwrap_err();
-        assert!(err.is_corrupt(), "{err}");
-        assert!(err.to_string().contains("base offset 10 is outside [0, 10)"), "{err}");
+        assert!(err.to_string().contains("impossible id"), "{err}");
+        let at = id(crate::raft::MAX_LOG_OFFSET, 2);
+        let path = write_well_formed(dir.path(), at, &[]);
+        SnapshotReader::open(&path).expect("the largest end offset is fine");
     }
 
     #[test]
