@@ -40,6 +40,8 @@ pub const MAX_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 /// Longest `node.cluster_id`.
 pub const MAX_CLUSTER_ID_LEN: usize = 255;
 
+const SOCKET_ADDR_EXPECTED: &str = "a socket address ip:port, e.g. \"127.0.0.1:9093\"";
+
 /// Most `listeners.http_workers`.
 pub const MAX_HTTP_WORKERS: usize = 64;
 
@@ -168,6 +170,9 @@ pub struct NodeConfig {
 pub struct ListenersConfig {
     pub raft: SocketAddr,
     pub http: SocketAddr,
+    /// The client protocol's listener (`crate::messages::client`); `None`
+    /// (the default) serves none.
+    pub client: Option<SocketAddr>,
     /// Largest frame accepted on the raft listener (default 16 MiB).
     pub max_frame_bytes: u64,
     /// Worker threads serving the HTTP API, 0..=[`MAX_HTTP_WORKERS`];
@@ -234,6 +239,7 @@ impl Default for Config {
                 http: HTTP_LISTENER
                     .parse()
                     .expect("default http listener is a socket address"),
+                client: None,
                 max_frame_bytes: MAX_FRAME_BYTES,
                 http_workers: HTTP_WORKERS,
             },
@@ -446,6 +452,7 @@ struct RawNode {
 struct RawListeners {
     raft: Option<Value>,
     http: Option<Value>,
+    client: Option<Value>,
     max_frame_bytes: Option<Value>,
     http_workers: Option<Value>,
 }
@@ -881,12 +888,29 @@ impl Ctx<'_> {
     }
 
     fn socket_addr(&self, key: &str, value: Option<Value>, default: &str) -> Result<SocketAddr, ConfigError> {
-        const EXPECTED: &str = "a socket address ip:port, e.g. \"127.0.0.1:9093\"";
         let Some(value) = value else {
             return Ok(default.parse().expect("defaults are valid socket addresses"));
         };
+        let text = self.string(key, &value, SOCKET_ADDR_EXPECTED)?;
+        text.trim()
+            .parse()
+            .map_err(|_| self.invalid(key, &value, SOCKET_ADDR_EXPECTED))
+    }
+
+    /// A socket address, or `None` when the key is absent or empty.
+    fn optional_socket_addr(&self, key: &str, value: Option<Value>) -> Result<Option<SocketAddr>, ConfigError> {
+        const EXPECTED: &str = "a socket address ip:port, e.g. \"127.0.0.1:9092\", or \"\" for none";
+        let Some(value) = value else {
+            return Ok(None);
+        };
         let text = self.string(key, &value, EXPECTED)?;
-        text.trim().parse().map_err(|_| self.invalid(key, &value, EXPECTED))
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        text.trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| self.invalid(key, &value, EXPECTED))
     }
 
     /// A list of strings, given as a TOML array or as one comma-separated
@@ -941,6 +965,7 @@ impl Ctx<'_> {
         // [listeners]
         let raft = self.socket_addr("listeners.raft", raw.listeners.raft, RAFT_LISTENER)?;
         let http = self.socket_addr("listeners.http", raw.listeners.http, HTTP_LISTENER)?;
+        let client = self.optional_socket_addr("listeners.client", raw.listeners.client)?;
         let max_frame_bytes = self.bytes(keys::MAX_FRAME, raw.listeners.max_frame_bytes, MAX_FRAME_BYTES)?;
         let http_workers = match raw.listeners.http_workers {
             None => HTTP_WORKERS,
@@ -1057,6 +1082,7 @@ impl Ctx<'_> {
             listeners: ListenersConfig {
                 raft,
                 http,
+                client,
                 max_frame_bytes,
                 http_workers,
             },

@@ -2,6 +2,7 @@
 
 pub mod actors;
 pub mod api;
+pub mod client;
 pub mod config;
 pub mod messages;
 pub mod node;

@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
-use kraft::api::LocalHttpServer;
+use kraft::api::{ClientLimits, LocalHttpServer};
 use kraft::config::Config;
 use kraft::node::{self, NodeHandle};
 
@@ -168,6 +168,24 @@ async fn run(config: Config) -> u8 {
         handle.raft_addr(),
         api.addr()
     );
+    let client = match config.listeners.client {
+        None => None,
+        Some(addr) => {
+            let limits = ClientLimits::for_batch_bytes(config.log.max_batch_bytes);
+            match kraft::api::client_server_here(handle.clone(), addr, limits) {
+                Ok((server, bound)) => {
+                    eprintln!("kraft node {node_id}: client protocol on {bound}");
+                    Some(server)
+                }
+                Err(err) => {
+                    eprintln!("kraft: node {node_id} cannot bind the client listener on {addr}: {err}");
+                    shut_down(&handle).await;
+                    api.stop().await;
+                    return 1;
+                }
+            }
+        }
+    };
 
     let code = tokio::select! {
         name = next_signal(&mut sigterm, &mut sigint) => {
@@ -184,8 +202,8 @@ async fn run(config: Config) -> u8 {
         }
     };
     // The node first (a leader resigns with EndQuorumEpoch, pending appends
-    // fail instead of hanging), then the HTTP server, which lets in-flight
-    // requests finish with those answers.
+    // fail instead of hanging), then the HTTP server and the client
+    // listener, which let in-flight requests finish with those answers.
     tokio::select! {
         () = shut_down(&handle) => {}
         name = next_signal(&mut sigterm, &mut sigint) => {
@@ -193,7 +211,10 @@ async fn run(config: Config) -> u8 {
             return 1;
         }
     }
-    api.stop().await;
+    match client {
+        Some(client) => futures::join!(api.stop(), client.stop()).0,
+        None => api.stop().await,
+    }
     tracing::info!("node {node_id} stopped");
     code
 }

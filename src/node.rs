@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Actor, Addr, AsyncContext, Context, Message, Recipient};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info, warn};
 
@@ -47,7 +47,7 @@ use crate::raft::{ElectionState, Epoch, LogView, NodeId, Offset, RaftConfig, Raf
 use crate::storage::{snapshot, LogStore, SledStore, StorageError};
 
 /// Where committed records landed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Appended {
     pub base_offset: Offset,
     pub last_offset: Offset,
@@ -99,7 +99,7 @@ pub enum StartError {
 pub struct NodeError(pub String);
 
 /// One replica's progress as the leader sees it (`GET /v1/quorum`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaStatus {
     pub id: NodeId,
     pub log_end_offset: Option<Offset>,
@@ -108,7 +108,7 @@ pub struct ReplicaStatus {
 }
 
 /// The body of `GET /v1/quorum`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuorumStatus {
     pub cluster_id: String,
     pub node_id: NodeId,

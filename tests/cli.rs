@@ -402,3 +402,88 @@ fn listeners_http_workers_sets_the_number_of_http_threads() {
         "actix threads with 0, 1 and 3 HTTP workers"
     );
 }
+
+impl Kraft {
+    /// The address in the `client protocol on ADDR` line, once it is out.
+    fn client_addr(&self) -> SocketAddr {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let stderr = self.stderr();
+            let announced = stderr
+                .lines()
+                .find_map(|line| line.split_once("client protocol on ")?.1.trim().parse().ok());
+            if let Some(addr) = announced {
+                return addr;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no client listener announced within {WAIT:?}:\n{stderr}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Appends `records` through the client protocol at `addr`.
+fn append_by_client(addr: SocketAddr, records: &[&str]) -> kraft::node::Appended {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut client = kraft::client::Client::connect(addr).await.expect("connect");
+        let records = records.iter().map(|r| r.as_bytes().to_vec()).collect();
+        client.append(records).await.expect("append")
+    })
+}
+
+#[test]
+fn listeners_client_serves_the_client_protocol_and_its_appends_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, mut overrides) = single_node(dir.path(), 1, ports::free_addr());
+    let without = Kraft::start(&config, &overrides);
+    without.wait_for_leadership();
+    assert!(
+        !without.stderr().contains("client protocol on"),
+        "served only when configured:\n{}",
+        without.stderr()
+    );
+    drop(without);
+
+    overrides.push("listeners.client=127.0.0.1:0".to_owned());
+    let mut first = Kraft::start(&config, &overrides);
+    first.wait_for_leadership();
+    let appended = append_by_client(first.client_addr(), &["by-client-1", "by-client-2"]);
+    assert_eq!(appended.last_offset, appended.base_offset + 1);
+    first.signal(libc::SIGKILL);
+    assert!(first.wait_exit(WAIT).is_some(), "SIGKILL did not end the process");
+    drop(first);
+
+    let second = Kraft::start(&config, &overrides);
+    second.wait_for_leadership();
+    second.wait_for_committed(&["by-client-1", "by-client-2"]);
+    append_by_client(second.client_addr(), &["after-restart"]);
+    second.wait_for_committed(&["by-client-1", "by-client-2", "after-restart"]);
+}
+
+#[test]
+fn a_client_listener_that_cannot_bind_exits_1_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap();
+    let (config, overrides) = single_node(dir.path(), 1, ports::free_addr());
+    let mut args = vec![
+        "run".to_owned(),
+        "--config".to_owned(),
+        config.to_str().unwrap().to_owned(),
+    ];
+    for pair in overrides.into_iter().chain([format!("listeners.client={taken_addr}")]) {
+        args.push("--set".to_owned());
+        args.push(pair);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, stderr) = run_to_exit(&args);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("cannot bind the client listener"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

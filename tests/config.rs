@@ -38,6 +38,7 @@ fn empty_file_gives_the_documented_defaults() {
     assert_eq!(config.listeners.http.to_string(), "127.0.0.1:8080");
     assert_eq!(config.listeners.max_frame_bytes, 16_777_216);
     assert_eq!(config.listeners.http_workers, 0);
+    assert_eq!(config.listeners.client, None, "the client protocol is opt-in");
     assert_eq!(config.quorum.voters.len(), 1);
     assert_eq!(config.quorum.voters[&1], "127.0.0.1:9093");
     assert_eq!(config.quorum.election_timeout_ms, 1000);
@@ -121,6 +122,9 @@ fn every_bad_value_names_its_key() {
         ("[listeners]\nraft = \"localhost\"", "listeners.raft"),
         ("[listeners]\nraft = 9093", "listeners.raft"),
         ("[listeners]\nhttp = \"127.0.0.1:99999\"", "listeners.http"),
+        ("[listeners]\nclient = \"localhost\"", "listeners.client"),
+        ("[listeners]\nclient = 9092", "listeners.client"),
+        ("[listeners]\nclient = \"127.0.0.1:70000\"", "listeners.client"),
         ("[listeners]\nmax_frame_bytes = 0", "listeners.max_frame_bytes"),
         ("[listeners]\nmax_frame_bytes = 1024", "listeners.max_frame_bytes"),
         ("[listeners]\nmax_frame_bytes = 5000000000", "listeners.max_frame_bytes"),
@@ -302,6 +306,21 @@ fn overrides_accept_kafka_style_lists_and_plain_strings() {
     assert_eq!(config.node.roles, vec![NodeRole::Broker, NodeRole::Controller]);
     assert_eq!(config.quorum.voters[&2], "localhost:9094");
     assert_eq!(config.node.cluster_id, "12345");
+}
+
+#[test]
+fn the_client_listener_is_served_only_when_given_an_address() {
+    let file = "[listeners]\nclient = \"127.0.0.1:9092\"";
+    let config = Config::from_toml_str(file, &[]).unwrap();
+    assert_eq!(config.listeners.client, Some("127.0.0.1:9092".parse().unwrap()));
+    config.check().unwrap();
+    // An empty value, in the file or on the command line, turns it off.
+    let config = Config::from_toml_str("[listeners]\nclient = \"\"", &[]).unwrap();
+    assert_eq!(config.listeners.client, None);
+    let config = Config::from_toml_str(file, &overrides(&[("listeners.client", "")])).unwrap();
+    assert_eq!(config.listeners.client, None);
+    let config = Config::from_toml_str("", &overrides(&[("listeners.client", "127.0.0.1:0")])).unwrap();
+    assert_eq!(config.listeners.client.map(|a| a.port()), Some(0));
 }
 
 #[test]

@@ -215,7 +215,8 @@ pub async fn run(options: AbOptions) -> Result<()> {
             println!("\n-- pair {pair}, {}", build.label());
             harness::print_header();
             for &concurrency in &cluster.concurrency {
-                let point = harness::measure_point(System::Kraft, concurrency, pair, &installed, cluster).await;
+                let system = if cluster.native { System::KraftNative } else { System::Kraft };
+                let point = harness::measure_point(system, concurrency, pair, &installed, cluster).await;
                 harness::print_point(&point);
                 points.push(AbPoint { pair, build, point });
             }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::disk::{self, MachineLimits};
 use crate::etcd::{self, EtcdCluster, PutClient};
 use crate::http_stub::StubServer;
-use crate::kraft_cluster::{self, AppendClient, KraftCluster};
+use crate::kraft_cluster::{self, AppendClient, KraftCluster, NativeAppendClient};
 use crate::load::{self, LoadResult, Window};
 use crate::plot;
 use crate::procs;
@@ -23,6 +23,8 @@ const POINT_PROBE: Duration = Duration::from_millis(500);
 
 pub struct ClusterOptions {
     pub peers: bool,
+    /// Also drive kraft through its client protocol (`listeners.client`).
+    pub native: bool,
     pub http_ceiling: bool,
     pub window: Window,
     pub concurrency: Vec<usize>,
@@ -40,6 +42,9 @@ pub struct ClusterOptions {
 pub enum System {
     #[serde(rename = "kraft")]
     Kraft,
+    /// kraft through its client protocol instead of HTTP.
+    #[serde(rename = "kraft native")]
+    KraftNative,
     #[serde(rename = "etcd")]
     Etcd,
     #[serde(rename = "ZooKeeper")]
@@ -50,9 +55,14 @@ pub enum System {
 }
 
 impl System {
+    pub fn is_kraft(self) -> bool {
+        matches!(self, System::Kraft | System::KraftNative)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             System::Kraft => "kraft",
+            System::KraftNative => "kraft native",
             System::Etcd => "etcd",
             System::ZooKeeper => "ZooKeeper",
             System::HttpStub => "HTTP stub",
@@ -130,6 +140,8 @@ struct Settings<'a> {
 /// kraft over a peer at one concurrency level (medians over the runs).
 #[derive(Serialize)]
 struct Ratio {
+    /// kraft (over HTTP) or kraft native.
+    kraft: System,
     peer: System,
     concurrency: usize,
     ops_per_sec: Option<f64>,
@@ -148,6 +160,9 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
         zookeeper: options.peers.then(zookeeper::locate).transpose()?,
     };
     let mut systems = vec![System::Kraft];
+    if options.native {
+        systems.push(System::KraftNative);
+    }
     if options.peers {
         systems.extend([System::Etcd, System::ZooKeeper]);
     }
@@ -203,23 +218,27 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
             }
         }
     }
-    let kraft_c1 = median(&points, System::Kraft, 1);
-    let over_floor = kraft_c1.map(|p| result_of(p).latency_ms.p50 / limits.c1_floor_ms);
-    if let (Some(point), Some(ratio)) = (kraft_c1, over_floor) {
+    let over_floor = median(&points, System::Kraft, 1).map(|p| result_of(p).latency_ms.p50 / limits.c1_floor_ms);
+    for &kraft in systems.iter().filter(|s| s.is_kraft()) {
+        let Some(point) = median(&points, kraft, 1) else {
+            continue;
+        };
+        let name = kraft.name();
         let p50 = result_of(point).latency_ms.p50;
         println!(
-            "\nkraft C=1 p50 {p50:.3} ms = {ratio:.2} x the physical floor ({:.3} ms, from the probe at the start)",
+            "\n{name} C=1 p50 {p50:.3} ms = {:.2} x the physical floor ({:.3} ms, from the probe at the start)",
+            p50 / limits.c1_floor_ms,
             limits.c1_floor_ms
         );
         println!(
-            "kraft C=1 p50 {p50:.3} ms = {:.2} x the floor with sled's flush ({:.3} ms, same probe)",
+            "{name} C=1 p50 {p50:.3} ms = {:.2} x the floor with sled's flush ({:.3} ms, same probe)",
             p50 / limits.c1_sled_floor_ms,
             limits.c1_sled_floor_ms
         );
         if let Some(fsync) = point.fdatasync_p50_ms_before {
             let floor = 2.0 * fsync + 2.0 * limits.rtt_p50_ms;
             println!(
-                "kraft C=1 p50 {p50:.3} ms = {:.2} x the floor from the fdatasync probe just before that point (2 x {fsync:.3} + 2 x {:.3} = {floor:.3} ms)",
+                "{name} C=1 p50 {p50:.3} ms = {:.2} x the floor from the fdatasync probe just before that point (2 x {fsync:.3} + 2 x {:.3} = {floor:.3} ms)",
                 p50 / floor,
                 limits.rtt_p50_ms
             );
@@ -354,6 +373,15 @@ pub async fn measure_point(
                 let clients = (0..concurrency).map(|i| AppendClient::new(addr, i, values)).collect();
                 Ok(load::run(clients, window, &cluster.pids()).await)
             }
+            System::KraftNative => {
+                let mut cluster = KraftCluster::start_native(&installed.kraft, root)?;
+                let addr: SocketAddr = cluster.wait_for_native_leader().await?;
+                leader = Some(format!("{addr} (the leader's client listener)"));
+                let clients = (0..concurrency)
+                    .map(|i| NativeAppendClient::new(addr, i, values))
+                    .collect();
+                Ok(load::run(clients, window, &cluster.pids()).await)
+            }
             System::Etcd => {
                 let bin = installed.etcd.as_ref().context("etcd not located")?;
                 let mut cluster = EtcdCluster::start(bin, root)?;
@@ -470,17 +498,26 @@ fn result_of(point: &PointRecord) -> &LoadResult {
     point.result.as_ref().expect("filtered on results")
 }
 
+/// kraft against every peer, and kraft native against every other system
+/// (kraft over HTTP included).
 fn ratios(points: &[PointRecord], systems: &[System], levels: &[usize]) -> Vec<Ratio> {
     let mut ratios = Vec::new();
-    for &peer in systems.iter().filter(|s| **s != System::Kraft) {
+    let pairs = systems.iter().filter(|s| s.is_kraft()).flat_map(|&kraft| {
+        systems
+            .iter()
+            .filter(move |&&peer| peer != kraft && !(kraft == System::Kraft && peer.is_kraft()))
+            .map(move |&peer| (kraft, peer))
+    });
+    for (kraft_system, peer) in pairs {
         for &c in levels {
-            let kraft = median_result(points, System::Kraft, c);
+            let kraft = median_result(points, kraft_system, c);
             let other = median_result(points, peer, c);
             let ratio = |f: fn(&LoadResult) -> f64| match (kraft, other) {
                 (Some(k), Some(o)) if f(o) > 0.0 => Some(f(k) / f(o)),
                 _ => None,
             };
             ratios.push(Ratio {
+                kraft: kraft_system,
                 peer,
                 concurrency: c,
                 ops_per_sec: ratio(|r| r.ops_per_sec),
@@ -496,12 +533,12 @@ fn print_ratios(ratios: &[Ratio]) {
         return;
     }
     println!("\n== kraft / peer, point by point (ops/s: above 1 = kraft faster; p99: below 1 = kraft lower)");
-    println!("{:<16} {:>5} {:>12} {:>12}", "", "C", "ops/s ratio", "p99 ratio");
+    println!("{:<26} {:>5} {:>12} {:>12}", "", "C", "ops/s ratio", "p99 ratio");
     let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     for r in ratios {
         println!(
-            "{:<16} {:>5} {:>12} {:>12}",
-            format!("kraft/{}", r.peer.name()),
+            "{:<26} {:>5} {:>12} {:>12}",
+            format!("{}/{}", r.kraft.name(), r.peer.name()),
             r.concurrency,
             show(r.ops_per_sec),
             show(r.p99)

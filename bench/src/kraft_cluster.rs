@@ -56,6 +56,9 @@ pub struct KraftCluster {
     processes: ProcessGuard,
     /// The voters' HTTP addresses: node id `i + 1` at index `i`.
     pub http: Vec<SocketAddr>,
+    /// The voters' client listeners (`listeners.client`), as `http`; empty
+    /// unless started with [`KraftCluster::start_native`].
+    pub client: Vec<SocketAddr>,
     /// Every node started, voters first.
     nodes: Vec<Node>,
     bin: PathBuf,
@@ -107,11 +110,22 @@ impl KraftCluster {
     /// config, observers added later included. It may only add tables the
     /// generated config does not have (`[log]`, `[snapshot]`, `[metadata]`).
     pub fn start_with(bin: &Path, data_root: &Path, extra_toml: &str) -> Result<KraftCluster> {
+        KraftCluster::launch(bin, data_root, extra_toml, false)
+    }
+
+    /// [`KraftCluster::start`] with every voter serving the client protocol
+    /// too (`listeners.client`, on a free port; see `client`).
+    pub fn start_native(bin: &Path, data_root: &Path) -> Result<KraftCluster> {
+        KraftCluster::launch(bin, data_root, "", true)
+    }
+
+    fn launch(bin: &Path, data_root: &Path, extra_toml: &str, native: bool) -> Result<KraftCluster> {
         let dir = procs::data_dir(data_root, "kraft-bench-kraft-")?;
         let nanos = procs::since_epoch().as_nanos();
         let cluster_id = format!("bench-{}-{nanos:x}", std::process::id());
-        let ports = procs::free_ports(6)?;
-        let (raft, http) = ports.split_at(3);
+        let ports = procs::free_ports(if native { 9 } else { 6 })?;
+        let (raft, rest) = ports.split_at(3);
+        let (http, client) = rest.split_at(3);
         let voters = raft
             .iter()
             .enumerate()
@@ -121,6 +135,10 @@ impl KraftCluster {
         let mut cluster = KraftCluster {
             processes: ProcessGuard::default(),
             http: http
+                .iter()
+                .map(|port| SocketAddr::from(([127, 0, 0, 1], *port)))
+                .collect(),
+            client: client
                 .iter()
                 .map(|port| SocketAddr::from(([127, 0, 0, 1], *port)))
                 .collect(),
@@ -154,6 +172,10 @@ impl KraftCluster {
         let config = self.dir.path().join(format!("node{id}.toml"));
         let data_dir = self.dir.path().join(format!("node-{id}"));
         let mut text = node_config(id, role, &data_dir, &self.cluster_id, raft, http, &self.voters);
+        if let Some(client) = self.client.get(id - 1) {
+            let http_line = format!("http = \"127.0.0.1:{http}\"\n");
+            text = text.replace(&http_line, &format!("{http_line}client = \"{client}\"\n"));
+        }
         text.push_str(&self.extra_toml);
         std::fs::write(&config, text).with_context(|| format!("cannot write {}", config.display()))?;
         self.nodes.push(Node {
@@ -274,6 +296,17 @@ impl KraftCluster {
         Ok(self.http[id - 1])
     }
 
+    /// Waits for an agreed leader as [`KraftCluster::wait_for_leader`];
+    /// returns its client listener (the cluster must have been started
+    /// with [`KraftCluster::start_native`]).
+    pub async fn wait_for_native_leader(&mut self) -> Result<SocketAddr> {
+        let id = self.wait_for_leader_id().await?;
+        self.client
+            .get(id - 1)
+            .copied()
+            .context("the cluster serves no client listener (start it with start_native)")
+    }
+
     /// [`KraftCluster::wait_for_leader`], returning the leader's node id.
     pub async fn wait_for_leader_id(&mut self) -> Result<usize> {
         let deadline = tokio::time::Instant::now() + LEADER_WAIT;
@@ -388,5 +421,46 @@ impl load::Client for AppendClient {
                 String::from_utf8_lossy(&answer[..answer.len().min(200)])
             ))
         }
+    }
+}
+
+/// One closed-loop client of the client protocol: its own connection to the
+/// leader's client listener, one record per append.
+pub struct NativeAppendClient {
+    addr: SocketAddr,
+    client: Option<kraft::client::Client>,
+    id: usize,
+    seq: u64,
+    value_bytes: usize,
+}
+
+impl NativeAppendClient {
+    pub fn new(leader: SocketAddr, id: usize, value_bytes: usize) -> NativeAppendClient {
+        NativeAppendClient {
+            addr: leader,
+            client: None,
+            id,
+            seq: 0,
+            value_bytes,
+        }
+    }
+}
+
+impl load::Client for NativeAppendClient {
+    async fn request(&mut self) -> Result<u64, String> {
+        self.seq += 1;
+        let value = load::payload(self.id, self.seq, self.value_bytes);
+        if self.client.is_none() {
+            let client = kraft::client::Client::connect(self.addr)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.client = Some(client);
+        }
+        let client = self.client.as_mut().expect("just connected");
+        client
+            .append(vec![value.into_bytes()])
+            .await
+            .map(|_| 1)
+            .map_err(|e| e.to_string())
     }
 }

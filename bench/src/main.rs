@@ -106,6 +106,9 @@ struct ClusterArgs {
     /// Also drive a stub actix-web server (one worker) that answers POST /v1/append at once: the most kraft's HTTP API could give here.
     #[arg(long)]
     http_ceiling: bool,
+    /// Also drive kraft through its client protocol (listeners.client, kraft::client) instead of HTTP, as the system "kraft native".
+    #[arg(long)]
+    native: bool,
     /// Measured seconds per point.
     #[arg(long, default_value_t = 15.0)]
     duration_secs: f64,
@@ -232,6 +235,9 @@ struct AbArgs {
     /// Pairs of runs; each runs every concurrency level once per build.
     #[arg(long, default_value_t = 5)]
     pairs: usize,
+    /// Drive both builds through the client protocol (listeners.client) instead of HTTP; both must serve it.
+    #[arg(long)]
+    native: bool,
     /// Measured seconds per point.
     #[arg(long, default_value_t = 6.0)]
     duration_secs: f64,
@@ -325,6 +331,7 @@ fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.runs > 0, "--runs must be above 0");
     let options = harness::ClusterOptions {
         peers: args.peers,
+        native: args.native,
         http_ceiling: args.http_ceiling,
         runs: args.runs,
         kraft_bin: args.kraft_bin,
@@ -343,13 +350,16 @@ fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
 fn ab(args: AbArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.pairs > 0, "--pairs must be above 0");
     let options = ab::AbOptions {
-        cluster: kraft_only(
-            args.common,
-            args.concurrency,
-            (args.warmup_secs, args.duration_secs),
-            args.value_bytes,
-            args.client_threads,
-        )?,
+        cluster: harness::ClusterOptions {
+            native: args.native,
+            ..kraft_only(
+                args.common,
+                args.concurrency,
+                (args.warmup_secs, args.duration_secs),
+                args.value_bytes,
+                args.client_threads,
+            )?
+        },
         baseline: args.baseline,
         candidate: args.candidate,
         pairs: args.pairs,
@@ -377,6 +387,7 @@ fn kraft_only(
     anyhow::ensure!(levels.len() == concurrency.len(), "--concurrency lists a level twice");
     Ok(harness::ClusterOptions {
         peers: false,
+        native: false,
         http_ceiling: false,
         window: window(warmup_secs, duration_secs)?,
         concurrency,

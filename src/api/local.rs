@@ -54,16 +54,20 @@ const MIN_CONNECTIONS: usize = 64;
 /// the process's soft limit on open files if that is lower (but at least
 /// [`MIN_CONNECTIONS`]).
 pub(crate) fn max_connections() -> usize {
+    connection_bound(open_file_limit())
+}
+
+/// The process's soft limit on open files (`ulimit -n`).
+pub(crate) fn open_file_limit() -> usize {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit only writes the struct it is given.
-    let files = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
+    match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
         0 => usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX),
         _ => usize::MAX,
-    };
-    connection_bound(files)
+    }
 }
 
 /// [`max_connections`] for a limit of `files` open files.
@@ -75,16 +79,33 @@ pub(crate) fn connection_bound(files: usize) -> usize {
 /// descriptors, out of memory) rather than one connection, as actix-server.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(500);
 
-/// The API on one thread; see the module documentation. Dropping it stops
-/// it gracefully in the background; [`LocalHttpServer::stop`] waits for
-/// that to finish.
-pub struct LocalHttpServer {
+/// A server on one thread: the HTTP API (see the module documentation) or
+/// the client listener ([`super::client_listener`]). Dropping it stops it
+/// gracefully in the background; [`LocalServer::stop`] waits for that to
+/// finish.
+pub struct LocalServer {
     stopping: watch::Sender<bool>,
-    /// The accepting task; `None` once [`LocalHttpServer::ended`] saw it end.
+    /// The accepting task; `None` once [`LocalServer::ended`] saw it end.
     accept: Option<actix_rt::task::JoinHandle<()>>,
 }
 
-impl LocalHttpServer {
+/// The HTTP API on one thread.
+pub type LocalHttpServer = LocalServer;
+
+impl LocalServer {
+    /// Spawns `run` on the current thread, which must run an actix
+    /// runtime; `run` ends once `stop` turns true or its sender is dropped.
+    pub(crate) fn spawn<F>(run: impl FnOnce(watch::Receiver<bool>) -> F) -> LocalServer
+    where
+        F: std::future::Future<Output = ()> + 'static,
+    {
+        let (stopping, stop) = watch::channel(false);
+        LocalServer {
+            stopping,
+            accept: Some(actix_rt::spawn(run(stop))),
+        }
+    }
+
     /// Closes the listener, lets in-flight requests finish (for at most
     /// 5 s) and resolves once every connection is closed.
     pub async fn stop(self) {
@@ -95,7 +116,7 @@ impl LocalHttpServer {
     }
 
     /// Resolves only if the server ends without being stopped, which
-    /// happens only when its routes cannot be set up (logged).
+    /// happens only when the HTTP API's routes cannot be set up (logged).
     pub async fn ended(&mut self) {
         match &mut self.accept {
             Some(accept) => {
@@ -118,6 +139,14 @@ pub(crate) fn serve_here<N: NodeApi>(
     keep_alive: Duration,
     max_connections: usize,
 ) -> std::io::Result<(LocalHttpServer, SocketAddr)> {
+    let (listener, bound) = bind(addr)?;
+    let server = LocalServer::spawn(|stop| run(listener, node, max_body_bytes, keep_alive, max_connections, stop));
+    Ok((server, bound))
+}
+
+/// A listening socket on `addr` (port 0 picks a free port), with
+/// `SO_REUSEADDR` and a backlog of [`BACKLOG`], and the address it is on.
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -127,22 +156,7 @@ pub(crate) fn serve_here<N: NodeApi>(
     socket.bind(addr)?;
     let listener = socket.listen(BACKLOG)?;
     let bound = listener.local_addr()?;
-    let (stopping, stop) = watch::channel(false);
-    let accept = actix_rt::spawn(run(
-        listener,
-        node,
-        max_body_bytes,
-        keep_alive,
-        max_connections.max(1),
-        stop,
-    ));
-    Ok((
-        LocalHttpServer {
-            stopping,
-            accept: Some(accept),
-        },
-        bound,
-    ))
+    Ok((listener, bound))
 }
 
 /// Accepts until told to stop (or until the server is dropped), then
@@ -153,7 +167,7 @@ async fn run<N: NodeApi>(
     max_body_bytes: usize,
     keep_alive: Duration,
     max_connections: usize,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     let drain = stop.clone();
     let app = App::new().configure(move |cfg| routes(cfg, node, max_body_bytes));
@@ -184,6 +198,29 @@ async fn run<N: NodeApi>(
             return;
         }
     };
+    serve_bounded(listener, max_connections, stop, "http", move |stream| {
+        serve_connection(service.clone(), stream)
+    })
+    .await;
+}
+
+/// Accepts connections on `listener` and serves each with `serve` on the
+/// current thread, at most `max_connections` at once (further ones wait in
+/// the listen backlog), until `stop` turns true or its sender is dropped.
+/// Then closes the listener and waits at most [`SHUTDOWN_TIMEOUT_S`] for
+/// the connections to end; what is left is dropped. `what` names the
+/// listener in the log.
+pub(crate) async fn serve_bounded<F, Fut>(
+    listener: tokio::net::TcpListener,
+    max_connections: usize,
+    mut stop: watch::Receiver<bool>,
+    what: &'static str,
+    mut serve: F,
+) where
+    F: FnMut(TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let max_connections = max_connections.max(1);
     let mut connections = JoinSet::new();
     let mut warned_full = false;
     loop {
@@ -191,10 +228,10 @@ async fn run<N: NodeApi>(
         tokio::select! {
             accepted = listener.accept(), if !full => match accepted {
                 Ok((stream, _peer)) => {
-                    connections.spawn_local(serve_connection(service.clone(), stream));
+                    connections.spawn_local(serve(stream));
                 }
                 Err(err) => {
-                    tracing::warn!("http: accept failed: {err}");
+                    tracing::warn!("{what}: accept failed: {err}");
                     if !is_per_connection(&err) {
                         tokio::time::sleep(ACCEPT_BACKOFF).await;
                     }
@@ -212,7 +249,7 @@ async fn run<N: NodeApi>(
         if connections.len() >= max_connections && !warned_full {
             warned_full = true;
             tracing::warn!(
-                "http: {max_connections} connections open, the most served at once; \
+                "{what}: {max_connections} connections open, the most served at once; \
                  new ones wait until one closes"
             );
         } else if connections.len() < max_connections - max_connections / 10 {
@@ -226,7 +263,7 @@ async fn run<N: NodeApi>(
     .await;
     if drained.is_err() {
         tracing::warn!(
-            "http: {} connection(s) still open after {SHUTDOWN_TIMEOUT_S} s; closing them",
+            "{what}: {} connection(s) still open after {SHUTDOWN_TIMEOUT_S} s; closing them",
             connections.len()
         );
     }

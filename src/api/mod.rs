@@ -20,6 +20,7 @@
 //! Handlers only decode, call the node, and encode: they are written against
 //! the small `NodeApi` trait so they can be tested without a quorum.
 
+mod client_listener;
 mod error;
 mod funnel;
 mod local;
@@ -37,9 +38,10 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer, ResponseError};
 use serde::Deserialize;
 use serde_json::json;
 
+pub use client_listener::{ClientLimits, FRAME_SLACK_BYTES, MAX_IN_FLIGHT};
 pub use error::ApiError;
 use funnel::AppendFunnel;
-pub use local::LocalHttpServer;
+pub use local::{LocalHttpServer, LocalServer};
 
 use crate::actors::quorum_state::AppendReply;
 use crate::messages::{Record, MAX_BATCH_BYTES};
@@ -106,6 +108,20 @@ pub fn http_server_here(
         local::KEEP_ALIVE,
         local::max_connections(),
     )
+}
+
+/// Binds the client listener (the client protocol,
+/// [`crate::messages::client`]) for `handle` on `addr` and serves it on the
+/// current thread, which must run an actix runtime (the node's own, in the
+/// server binary). `limits` are usually
+/// [`ClientLimits::for_batch_bytes`]`(log.max_batch_bytes)`. Returns the
+/// running server and the bound address (port 0 picks a free port).
+pub fn client_server_here(
+    handle: NodeHandle,
+    addr: SocketAddr,
+    limits: ClientLimits,
+) -> std::io::Result<(LocalServer, SocketAddr)> {
+    client_listener::serve_here(handle, addr, limits)
 }
 
 /// What the handlers need from a node; [`NodeHandle`] in production, a fake

@@ -64,6 +64,13 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
         .expect("in-memory values always encode")
 }
 
+/// Appends the encoding of `value` (as [`encode`]) to `out`.
+pub fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) {
+    options(u64::MAX)
+        .serialize_into(out, value)
+        .expect("in-memory values always encode")
+}
+
 /// Encodes an envelope as one frame: length prefix + body.
 ///
 /// The body is encoded in place after the prefix (its size is computed

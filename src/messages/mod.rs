@@ -1,7 +1,8 @@
 //! Everything that travels: records and batches, the Raft RPCs, the frame
-//! codec, and the typed messages the actors exchange.
+//! codec, the client protocol, and the typed messages the actors exchange.
 
 pub mod actor;
+pub mod client;
 pub mod codec;
 pub mod records;
 pub mod rpc;

@@ -1,0 +1,456 @@
+//! The client listener (`listeners.client`): the client protocol
+//! ([`crate::messages::client`]) served on the calling thread, the node's
+//! in the server binary, next to the HTTP API.
+//!
+//! It does what `POST /v1/append` and `GET /v1/quorum` do, without HTTP and
+//! JSON: a request is one length-prefixed bincode frame and so is its
+//! answer. Appends go through the same [`AppendFunnel`] as the HTTP API's,
+//! so the appends of every connection that arrive in one turn of the
+//! thread go to the node as one message.
+//!
+//! Each connection is one task. A client may send requests without waiting
+//! for answers; they are answered in the order they came, and one write
+//! carries every answer that is ready. Bounds, per connection:
+//! - at most [`ClientLimits::max_in_flight`] requests (64) awaiting their
+//!   answers, and at most [`ClientLimits::max_frame_bytes`] of their frames:
+//!   past either, the listener reads nothing more until answers go out, and
+//!   TCP pushes back on the client;
+//! - a frame over `max_frame_bytes` (the batch limit plus a little) is
+//!   answered `PayloadTooLarge`, with its correlation id when the header
+//!   arrived, and the connection closes once its earlier requests are
+//!   answered; the read buffer grows with the bytes that arrive, never to
+//!   a length a client claims;
+//! - a frame that does not decode, or of another protocol version, is
+//!   answered `BadRequest` and the connection stays open (frames are
+//!   delimited by their length, so the next one is read as usual);
+//! - a connection with no request and no answer pending for
+//!   [`ClientLimits::idle_timeout`] (10 min, Kafka's
+//!   `connections.max.idle.ms`) is closed, and so is one whose client does
+//!   not take an answer within [`ClientLimits::write_timeout`] (60 s).
+//!
+//! At most [`ClientLimits::max_connections`] connections are served at
+//! once; further ones wait in the listen backlog. Stopping closes the
+//! listener, stops reading, and lets every connection write the answers
+//! of what it had read (for at most 5 s).
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures::future::{FutureExt, LocalBoxFuture};
+use futures::stream::{FuturesOrdered, StreamExt};
+use serde_bytes::ByteBuf;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::funnel::AppendFunnel;
+use super::local::{self, LocalServer};
+use super::NodeApi;
+use crate::actors::transport::{IDLE_TIMEOUT, WRITE_TIMEOUT};
+use crate::messages::client::{
+    self, ClientError, ClientFrame, ClientRequest, ClientResponse, CLIENT_HEADER_BYTES, CLIENT_PROTOCOL_VERSION,
+};
+
+/// Most requests of one connection awaiting their answers.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// What a frame may hold beyond a batch of `log.max_batch_bytes`: its
+/// header and the request's own fields. A batch's records take more bytes
+/// in the log (12 each beyond their text) than in a frame (8).
+pub const FRAME_SLACK_BYTES: usize = 4096;
+/// Bytes read from a connection at a time, at most.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// The client listener's bounds; see the module documentation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Largest frame a client may send.
+    pub max_frame_bytes: usize,
+    pub max_in_flight: usize,
+    pub max_connections: usize,
+    pub idle_timeout: Duration,
+    pub write_timeout: Duration,
+}
+
+impl ClientLimits {
+    /// The bounds for a node whose batches hold at most `max_batch_bytes`
+    /// (`log.max_batch_bytes`): frames up to that plus
+    /// [`FRAME_SLACK_BYTES`], and as many connections as the HTTP API
+    /// serves at once but with half of its share of the process's open
+    /// files (the two together stay below the limit, leaving the raft
+    /// listener and the log their descriptors).
+    pub fn for_batch_bytes(max_batch_bytes: usize) -> ClientLimits {
+        ClientLimits {
+            max_frame_bytes: max_batch_bytes.saturating_add(FRAME_SLACK_BYTES),
+            max_in_flight: MAX_IN_FLIGHT,
+            max_connections: local::connection_bound(local::open_file_limit() / 2),
+            idle_timeout: IDLE_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
+        }
+    }
+}
+
+/// Binds `addr` and serves the client protocol for `node` on the current
+/// thread, which must run an actix runtime. Returns the server and the
+/// bound address (port 0 picks a free port).
+pub(crate) fn serve_here<N: NodeApi>(
+    node: N,
+    addr: SocketAddr,
+    limits: ClientLimits,
+) -> std::io::Result<(LocalServer, SocketAddr)> {
+    let (listener, bound) = local::bind(addr)?;
+    let server = LocalServer::spawn(move |stop| async move {
+        let funnel = AppendFunnel::new(node.clone());
+        let limits = Rc::new(limits);
+        let max_connections = limits.max_connections;
+        let connection_stop = stop.clone();
+        local::serve_bounded(listener, max_connections, stop, "client listener", move |stream| {
+            connection(
+                stream,
+                node.clone(),
+                funnel.clone(),
+                limits.clone(),
+                connection_stop.clone(),
+            )
+        })
+        .await;
+    });
+    Ok((server, bound))
+}
+
+/// An answer to come: its correlation id, its answer, and the bytes its
+/// request's frame took.
+type Answer = LocalBoxFuture<'static, (u64, ClientResponse, usize)>;
+
+/// One connection's state between turns of its task.
+struct Connection<N> {
+    node: N,
+    funnel: Rc<AppendFunnel<N>>,
+    limits: Rc<ClientLimits>,
+    /// Bytes read and not yet taken as frames, from `consumed` on.
+    input: Vec<u8>,
+    consumed: usize,
+    answers: FuturesOrdered<Answer>,
+    /// Bytes of the frames whose answers are in `answers`.
+    in_flight_bytes: usize,
+    /// False once the client closed its side, a frame was too large or the
+    /// listener is stopping: what was read is answered, then the
+    /// connection closes.
+    reading: bool,
+}
+
+async fn connection<N: NodeApi>(
+    stream: TcpStream,
+    node: N,
+    funnel: Rc<AppendFunnel<N>>,
+    limits: Rc<ClientLimits>,
+    mut stop: watch::Receiver<bool>,
+) {
+    if let Err(err) = stream.set_nodelay(true) {
+        tracing::debug!("client listener: cannot set TCP_NODELAY: {err}");
+    }
+    let (mut reader, mut writer) = stream.into_split();
+    let idle_timeout = limits.idle_timeout;
+    let write_timeout = limits.write_timeout;
+    let mut conn = Connection {
+        node,
+        funnel,
+        limits,
+        input: Vec::new(),
+        consumed: 0,
+        answers: FuturesOrdered::new(),
+        in_flight_bytes: 0,
+        reading: true,
+    };
+    let idle = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle);
+    let mut out = Vec::new();
+    loop {
+        conn.take_frames();
+        if !conn.reading && conn.answers.is_empty() {
+            break;
+        }
+        let wants_input = conn.wants_input();
+        if wants_input && conn.input.capacity() - conn.input.len() < READ_CHUNK_BYTES / 4 {
+            conn.input.reserve(READ_CHUNK_BYTES);
+        }
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|&stopping| stopping), if conn.reading => {
+                conn.reading = false;
+            }
+            Some(answer) = conn.answers.next() => {
+                conn.answered(answer, &mut out);
+                // Every other answer that is ready goes in the same write.
+                while let Some(Some(answer)) = conn.answers.next().now_or_never() {
+                    conn.answered(answer, &mut out);
+                }
+                match tokio::time::timeout(write_timeout, writer.write_all(&out)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => {
+                        tracing::debug!("client listener: write failed: {err}");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!("client listener: an answer not taken in {write_timeout:?}; closing");
+                        return;
+                    }
+                }
+                out.clear();
+                idle.as_mut().reset(Instant::now() + idle_timeout);
+            }
+            read = reader.read_buf(&mut conn.input), if wants_input => match read {
+                Ok(0) => {
+                    if conn.input.len() > conn.consumed {
+                        tracing::debug!(
+                            "client listener: the client closed in the middle of a frame ({} bytes of it arrived)",
+                            conn.input.len() - conn.consumed
+                        );
+                    }
+                    conn.reading = false;
+                }
+                Ok(_) => idle.as_mut().reset(Instant::now() + idle_timeout),
+                Err(err) => {
+                    tracing::debug!("client listener: read failed: {err}");
+                    return;
+                }
+            },
+            () = idle.as_mut(), if conn.answers.is_empty() => {
+                tracing::debug!("client listener: no request for {idle_timeout:?}; closing");
+                return;
+            }
+            else => return,
+        }
+    }
+}
+
+impl<N: NodeApi> Connection<N> {
+    /// Reading more is allowed: the connection is open for requests and
+    /// its bounds have room.
+    fn wants_input(&self) -> bool {
+        self.reading
+            && self.answers.len() < self.limits.max_in_flight
+            && self.in_flight_bytes < self.limits.max_frame_bytes
+    }
+
+    /// Takes every whole frame the buffer holds, as far as the bounds
+    /// allow, and starts its request.
+    fn take_frames(&mut self) {
+        while self.wants_input() {
+            let buffered = &self.input[self.consumed..];
+            let Some(prefix) = buffered.get(..4) else {
+                break;
+            };
+            let len = u32::from_be_bytes(prefix.try_into().expect("four bytes")) as usize;
+            if len > self.limits.max_frame_bytes {
+                let correlation_id = client::peek_header(&buffered[4..]).map_or(0, |h| h.correlation_id);
+                let refusal = ClientError::PayloadTooLarge(format!(
+                    "a frame of {len} bytes is over the client listener's limit of {} bytes",
+                    self.limits.max_frame_bytes
+                ));
+                self.answers
+                    .push_back(ready(correlation_id, ClientResponse::Error(refusal), 0));
+                self.reading = false;
+                self.input = Vec::new();
+                self.consumed = 0;
+                return;
+            }
+            let Some(frame) = buffered.get(4..4 + len) else {
+                break;
+            };
+            let answer = self.start(frame);
+            self.consumed += 4 + len;
+            self.in_flight_bytes += len;
+            self.answers.push_back(answer);
+        }
+        if self.consumed > 0 {
+            self.input.drain(..self.consumed);
+            self.consumed = 0;
+        }
+    }
+
+    /// Starts the request in `frame` (the bytes after its length prefix).
+    fn start(&self, frame: &[u8]) -> Answer {
+        let len = frame.len();
+        let Some(header) = client::peek_header(frame) else {
+            let refusal = ClientError::BadRequest(format!(
+                "a frame of {len} bytes is shorter than the {CLIENT_HEADER_BYTES}-byte header"
+            ));
+            return ready(0, ClientResponse::Error(refusal), len);
+        };
+        let id = header.correlation_id;
+        if header.version != CLIENT_PROTOCOL_VERSION {
+            let refusal = ClientError::BadRequest(format!(
+                "client protocol version {} is not served here; this node speaks version {CLIENT_PROTOCOL_VERSION}",
+                header.version
+            ));
+            return ready(id, ClientResponse::Error(refusal), len);
+        }
+        match client::decode_body::<ClientRequest>(frame) {
+            Err(err) => {
+                let refusal = ClientError::BadRequest(format!("the request does not decode: {err}"));
+                ready(id, ClientResponse::Error(refusal), len)
+            }
+            Ok(ClientRequest::Append { records }) if records.is_empty() => {
+                let refusal = ClientError::BadRequest("records must hold at least one record".to_owned());
+                ready(id, ClientResponse::Error(refusal), len)
+            }
+            Ok(ClientRequest::Append { records }) => {
+                let appended = self.funnel.append(records.into_iter().map(ByteBuf::into_vec).collect());
+                async move {
+                    let answer = match appended.await {
+                        Ok(appended) => ClientResponse::Appended(appended),
+                        Err(err) => ClientResponse::Error(err.into()),
+                    };
+                    (id, answer, len)
+                }
+                .boxed_local()
+            }
+            Ok(ClientRequest::Quorum) => {
+                let node = self.node.clone();
+                async move {
+                    let answer = match node.describe().await {
+                        Ok(status) => ClientResponse::Quorum(status),
+                        Err(err) => ClientResponse::Error(ClientError::Unavailable(err.0)),
+                    };
+                    (id, answer, len)
+                }
+                .boxed_local()
+            }
+        }
+    }
+
+    /// Encodes an answer into `out` and gives its request's bytes back.
+    fn answered(&mut self, (correlation_id, body, len): (u64, ClientResponse, usize), out: &mut Vec<u8>) {
+        self.in_flight_bytes -= len;
+        let frame = ClientFrame {
+            version: CLIENT_PROTOCOL_VERSION,
+            correlation_id,
+            body,
+        };
+        client::encode_frame_into(&frame, out);
+    }
+}
+
+fn ready(correlation_id: u64, answer: ClientResponse, len: usize) -> Answer {
+    futures::future::ready((correlation_id, answer, len)).boxed_local()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+    use crate::actors::quorum_state::AppendReply;
+    use crate::node::{AppendError, Appended, LogPage, MetricsSnapshot, NodeError, QuorumStatus, SnapshotInfo};
+    use crate::raft::Offset;
+
+    /// Takes appends and answers none of them until told to.
+    #[derive(Clone, Default)]
+    struct Held {
+        replies: Rc<RefCell<Vec<AppendReply>>>,
+    }
+
+    impl NodeApi for Held {
+        async fn append(&self, _: Vec<Vec<u8>>) -> Result<Appended, AppendError> {
+            unimplemented!("appends come through append_each")
+        }
+        fn append_each(&self, groups: Vec<(Vec<Vec<u8>>, AppendReply)>) {
+            self.replies
+                .borrow_mut()
+                .extend(groups.into_iter().map(|(_, reply)| reply));
+        }
+        async fn describe(&self) -> Result<QuorumStatus, NodeError> {
+            Err(NodeError("not in this test".into()))
+        }
+        async fn read_committed(&self, _: Offset, _: usize) -> Result<LogPage, NodeError> {
+            unimplemented!()
+        }
+        async fn metrics(&self) -> Result<MetricsSnapshot, NodeError> {
+            unimplemented!()
+        }
+        async fn create_snapshot(&self) -> Result<SnapshotInfo, NodeError> {
+            unimplemented!()
+        }
+    }
+
+    fn append_frame(correlation_id: u64, bytes: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let frame = ClientFrame {
+            version: CLIENT_PROTOCOL_VERSION,
+            correlation_id,
+            body: ClientRequest::Append {
+                records: vec![ByteBuf::from(vec![7; bytes])],
+            },
+        };
+        client::encode_frame_into(&frame, &mut out);
+        out
+    }
+
+    async fn settle() {
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    /// Requests past a connection's bounds are left unread until answers go
+    /// out: the node is handed no more than the bounds allow.
+    async fn handed_over(limits: ClientLimits, frames: usize, bytes: usize) -> (Held, usize, TcpStream) {
+        let node = Held::default();
+        let (_server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).unwrap();
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut all = Vec::new();
+        for i in 0..frames {
+            all.extend(append_frame(i as u64, bytes));
+        }
+        stream.write_all(&all).await.unwrap();
+        settle().await;
+        let taken = node.replies.borrow().len();
+        std::mem::forget(_server);
+        (node, taken, stream)
+    }
+
+    #[actix_rt::test]
+    async fn a_connection_takes_no_more_requests_than_max_in_flight_until_answers_go_out() {
+        let limits = ClientLimits {
+            max_in_flight: 4,
+            ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
+        };
+        let (node, taken, mut stream) = handed_over(limits, 10, 1).await;
+        assert_eq!(taken, 4);
+        // Answering the first two lets two more in, and their answers out,
+        // in order.
+        let replies: Vec<AppendReply> = node.replies.borrow_mut().drain(..2).collect();
+        for (i, reply) in replies.into_iter().enumerate() {
+            let _ = reply.send(Ok(Appended {
+                base_offset: i as Offset,
+                last_offset: i as Offset,
+                epoch: 1,
+            }));
+        }
+        settle().await;
+        assert_eq!(node.replies.borrow().len(), 4, "two answered, two more taken");
+        for expected in 0..2u64 {
+            let mut prefix = [0; 4];
+            stream.read_exact(&mut prefix).await.unwrap();
+            let mut body = vec![0; u32::from_be_bytes(prefix) as usize];
+            stream.read_exact(&mut body).await.unwrap();
+            assert_eq!(client::peek_header(&body).unwrap().correlation_id, expected);
+        }
+    }
+
+    #[actix_rt::test]
+    async fn a_connection_takes_no_more_request_bytes_than_max_frame_bytes_until_answers_go_out() {
+        let limits = ClientLimits {
+            max_frame_bytes: 10_000,
+            ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
+        };
+        // Frames of about 4 KB: the third one reaches the byte bound.
+        let (_node, taken, _stream) = handed_over(limits, 10, 4000).await;
+        assert_eq!(taken, 3);
+    }
+}
