@@ -52,6 +52,33 @@ pub enum Error {
     Protocol { addr: SocketAddr, reason: String },
 }
 
+/// Whether the node may still read what is sent on `stream`: it has not
+/// closed the connection (it does so after a while idle, when nothing is
+/// pending) and sent nothing unasked. Looked at before a request goes out
+/// on a connection used before, so that a request written into a closed
+/// connection, which would end in [`Error::NoAnswer`] although the node
+/// never saw it, goes out on a new one instead. A close that comes after
+/// this look still ends so.
+fn still_open(stream: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: recv(2) writes at most one byte into `byte`, which lives
+    // across the call; MSG_PEEK leaves the byte (if any) in the socket and
+    // MSG_DONTWAIT never blocks the thread.
+    let read = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            std::ptr::addr_of_mut!(byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    // -1 with EAGAIN: nothing to read, the connection is open. 0: the node
+    // closed it; any other error: it is broken; a byte: an answer nobody
+    // asked for.
+    read < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+}
+
 /// One connection to a node's client listener.
 pub struct Client {
     addr: SocketAddr,
@@ -125,8 +152,8 @@ impl Client {
     /// around it) never leaves a stale answer for the next one.
     async fn call(&mut self, body: ClientRequest) -> Result<ClientResponse, Error> {
         let mut stream = match self.stream.take() {
-            Some(stream) => stream,
-            None => self.open().await?,
+            Some(stream) if stream.buffer().is_empty() && still_open(stream.get_ref()) => stream,
+            _ => self.open().await?,
         };
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
         let correlation_id = self.next_correlation_id;
@@ -136,7 +163,13 @@ impl Client {
             correlation_id,
             body,
         };
-        client::encode_frame_into(&request, &mut self.frame);
+        if let Err(err) = client::encode_frame_into(&request, &mut self.frame) {
+            self.stream = Some(stream);
+            return Err(Error::NotSent {
+                addr: self.addr,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, err),
+            });
+        }
         if let Err(source) = stream.get_mut().write_all(&self.frame).await {
             return Err(Error::NotSent {
                 addr: self.addr,

@@ -435,7 +435,7 @@ pub async fn measure_point(
 
 pub fn print_header() {
     println!(
-        "{:<10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>11} {:>11} {:>10}",
+        "{:<12} {:>3} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>11} {:>11} {:>10}",
         "system",
         "C",
         "ops/s",
@@ -452,7 +452,7 @@ pub fn print_header() {
 
 fn print_row(system: System, concurrency: usize, r: &LoadResult, fsync_ms: Option<f64>) {
     println!(
-        "{:<10} {:>5} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>9.1} {:>7} {:>11} {:>11} {:>10}",
+        "{:<12} {:>3} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>9.1} {:>7} {:>11} {:>11} {:>10}",
         system.name(),
         concurrency,
         r.ops_per_sec,
@@ -475,7 +475,7 @@ pub fn print_point(point: &PointRecord) {
                 println!("{:>17} error x{count}: {message}", "");
             }
         }
-        (None, Some(e)) => println!("{:<10} {:>5}  FAILED: {e}", point.system.name(), point.concurrency),
+        (None, Some(e)) => println!("{:<12} {:>3}  FAILED: {e}", point.system.name(), point.concurrency),
         (None, None) => {}
     }
 }

@@ -12,17 +12,23 @@
 //! for answers; they are answered in the order they came, and one write
 //! carries every answer that is ready. Bounds, per connection:
 //! - at most [`ClientLimits::max_in_flight`] requests (64) awaiting their
-//!   answers, and at most [`ClientLimits::max_frame_bytes`] of their frames:
+//!   answers, and at most [`ClientLimits::max_frame_bytes`] of their frames
+//!   (a frame alone may take all of it):
 //!   past either, the listener reads nothing more until answers go out, and
 //!   TCP pushes back on the client;
 //! - a frame over `max_frame_bytes` (the batch limit plus a little) is
-//!   answered `PayloadTooLarge`, with its correlation id when the header
-//!   arrived, and the connection closes once its earlier requests are
-//!   answered; the read buffer grows with the bytes that arrive, never to
-//!   a length a client claims;
+//!   answered `PayloadTooLarge` with its correlation id (once its header
+//!   arrived), and the connection closes once its earlier requests are
+//!   answered (reading and dropping, for up to a second, what the client
+//!   still sends, so that the answers are not lost to a TCP reset); the
+//!   read buffer grows with the bytes that arrive, never to a length a
+//!   client claims;
 //! - a frame that does not decode, or of another protocol version, is
 //!   answered `BadRequest` and the connection stays open (frames are
 //!   delimited by their length, so the next one is read as usual);
+//! - a frame must arrive whole within [`ClientLimits::frame_timeout`]
+//!   (60 s) of its first bytes, or the connection is closed; a read buffer
+//!   grown for a large frame is given back once the frame is taken;
 //! - a connection with no request and no answer pending for
 //!   [`ClientLimits::idle_timeout`] (10 min, Kafka's
 //!   `connections.max.idle.ms`) is closed, and so is one whose client does
@@ -59,8 +65,18 @@ pub const MAX_IN_FLIGHT: usize = 64;
 /// header and the request's own fields. A batch's records take more bytes
 /// in the log (12 each beyond their text) than in a frame (8).
 pub const FRAME_SLACK_BYTES: usize = 4096;
+/// Longest a frame may take to arrive (see [`ClientLimits::frame_timeout`]).
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes read from a connection at a time, at most.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Largest read buffer a connection keeps once the frames in it are taken.
+const KEPT_BUFFER_BYTES: usize = 4 * READ_CHUNK_BYTES;
+/// How long, and for how many bytes, a connection closed after a refused
+/// frame reads and drops what its client still sends before closing: so
+/// that the refusal, and the answers before it, reach a client that is
+/// still writing the frame instead of being lost to a TCP reset.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 64 * 1024 * 1024;
 
 /// The client listener's bounds; see the module documentation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +87,9 @@ pub struct ClientLimits {
     pub max_connections: usize,
     pub idle_timeout: Duration,
     pub write_timeout: Duration,
+    /// Longest a frame may take to arrive once its first bytes did, while
+    /// the listener reads.
+    pub frame_timeout: Duration,
 }
 
 impl ClientLimits {
@@ -87,6 +106,7 @@ impl ClientLimits {
             max_connections: local::connection_bound(local::open_file_limit() / 2),
             idle_timeout: IDLE_TIMEOUT,
             write_timeout: WRITE_TIMEOUT,
+            frame_timeout: FRAME_TIMEOUT,
         }
     }
 }
@@ -138,6 +158,10 @@ struct Connection<N> {
     /// listener is stopping: what was read is answered, then the
     /// connection closes.
     reading: bool,
+    /// The next whole frame does not fit in what `in_flight_bytes` leaves.
+    next_frame_waits: bool,
+    /// A frame was refused as too large: its rest is still on the way.
+    refused_too_large: bool,
 }
 
 async fn connection<N: NodeApi>(
@@ -162,16 +186,29 @@ async fn connection<N: NodeApi>(
         answers: FuturesOrdered::new(),
         in_flight_bytes: 0,
         reading: true,
+        next_frame_waits: false,
+        refused_too_large: false,
     };
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
+    // While part of a frame is buffered and more is read: when all of it
+    // must have come.
+    let frame_timeout = conn.limits.frame_timeout;
+    let frame_deadline = tokio::time::sleep(frame_timeout);
+    tokio::pin!(frame_deadline);
+    let mut awaiting_frame = false;
     let mut out = Vec::new();
     loop {
-        conn.take_frames();
+        let took = conn.take_frames();
         if !conn.reading && conn.answers.is_empty() {
             break;
         }
         let wants_input = conn.wants_input();
+        let awaited = awaiting_frame;
+        awaiting_frame = wants_input && conn.frame_started();
+        if awaiting_frame && (took || !awaited) {
+            frame_deadline.as_mut().reset(Instant::now() + frame_timeout);
+        }
         if wants_input && conn.input.capacity() - conn.input.len() < READ_CHUNK_BYTES / 4 {
             conn.input.reserve(READ_CHUNK_BYTES);
         }
@@ -220,23 +257,49 @@ async fn connection<N: NodeApi>(
                 tracing::debug!("client listener: no request for {idle_timeout:?}; closing");
                 return;
             }
+            () = frame_deadline.as_mut(), if awaiting_frame => {
+                tracing::debug!("client listener: a frame not sent whole within {frame_timeout:?}; closing");
+                return;
+            }
             else => return,
         }
     }
+    if conn.refused_too_large {
+        linger(reader, writer).await;
+    }
+}
+
+/// Closes a connection whose client may still be sending: our side first,
+/// then what arrives is read and dropped for a while (see [`LINGER`]).
+async fn linger(mut reader: tokio::net::tcp::OwnedReadHalf, mut writer: tokio::net::tcp::OwnedWriteHalf) {
+    if writer.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = vec![0; READ_CHUNK_BYTES];
+    let mut dropped = 0;
+    let _ = tokio::time::timeout(LINGER, async {
+        while dropped < LINGER_BYTES {
+            match reader.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => dropped += n,
+            }
+        }
+    })
+    .await;
 }
 
 impl<N: NodeApi> Connection<N> {
-    /// Reading more is allowed: the connection is open for requests and
-    /// its bounds have room.
+    /// Reading more is allowed: the connection is open for requests, its
+    /// bounds have room, and the next frame fits in them.
     fn wants_input(&self) -> bool {
-        self.reading
-            && self.answers.len() < self.limits.max_in_flight
-            && self.in_flight_bytes < self.limits.max_frame_bytes
+        self.reading && !self.next_frame_waits && self.answers.len() < self.limits.max_in_flight
     }
 
     /// Takes every whole frame the buffer holds, as far as the bounds
-    /// allow, and starts its request.
-    fn take_frames(&mut self) {
+    /// allow, and starts its request. True if it took one.
+    fn take_frames(&mut self) -> bool {
+        self.next_frame_waits = false;
+        let mut took = false;
         while self.wants_input() {
             let buffered = &self.input[self.consumed..];
             let Some(prefix) = buffered.get(..4) else {
@@ -244,7 +307,12 @@ impl<N: NodeApi> Connection<N> {
             };
             let len = u32::from_be_bytes(prefix.try_into().expect("four bytes")) as usize;
             if len > self.limits.max_frame_bytes {
-                let correlation_id = client::peek_header(&buffered[4..]).map_or(0, |h| h.correlation_id);
+                // Wait for the header, so that the refusal carries the id
+                // its client waits for.
+                let Some(header) = buffered.get(4..).and_then(client::peek_header) else {
+                    break;
+                };
+                let correlation_id = header.correlation_id;
                 let refusal = ClientError::PayloadTooLarge(format!(
                     "a frame of {len} bytes is over the client listener's limit of {} bytes",
                     self.limits.max_frame_bytes
@@ -252,9 +320,16 @@ impl<N: NodeApi> Connection<N> {
                 self.answers
                     .push_back(ready(correlation_id, ClientResponse::Error(refusal), 0));
                 self.reading = false;
+                self.refused_too_large = true;
                 self.input = Vec::new();
                 self.consumed = 0;
-                return;
+                return took;
+            }
+            if self.in_flight_bytes > 0 && self.in_flight_bytes + len > self.limits.max_frame_bytes {
+                // Taken once answers give bytes back; until then nothing
+                // more is read (a frame alone may take the whole bound).
+                self.next_frame_waits = true;
+                break;
             }
             let Some(frame) = buffered.get(4..4 + len) else {
                 break;
@@ -263,11 +338,22 @@ impl<N: NodeApi> Connection<N> {
             self.consumed += 4 + len;
             self.in_flight_bytes += len;
             self.answers.push_back(answer);
+            took = true;
         }
         if self.consumed > 0 {
             self.input.drain(..self.consumed);
             self.consumed = 0;
         }
+        // A large frame grew the buffer; what is left of it is small.
+        if self.input.capacity() > KEPT_BUFFER_BYTES && self.input.len() <= READ_CHUNK_BYTES {
+            self.input.shrink_to(READ_CHUNK_BYTES);
+        }
+        took
+    }
+
+    /// Whether the buffer holds part of a frame that has not arrived whole.
+    fn frame_started(&self) -> bool {
+        self.input.len() > self.consumed
     }
 
     /// Starts the request in `frame` (the bytes after its length prefix).
@@ -329,7 +415,16 @@ impl<N: NodeApi> Connection<N> {
             correlation_id,
             body,
         };
-        client::encode_frame_into(&frame, out);
+        if let Err(err) = client::encode_frame_into(&frame, out) {
+            // No answer of this node comes near 4 GiB; should one, its
+            // client still gets an answer in its place.
+            let refusal = ClientError::Unavailable(format!("the answer cannot be framed: {err}"));
+            let frame = ClientFrame {
+                body: ClientResponse::Error(refusal),
+                ..frame
+            };
+            client::encode_frame_into(&frame, out).expect("a short error frames");
+        }
     }
 }
 
@@ -386,7 +481,7 @@ mod tests {
                 records: vec![ByteBuf::from(vec![7; bytes])],
             },
         };
-        client::encode_frame_into(&frame, &mut out);
+        client::encode_frame_into(&frame, &mut out).unwrap();
         out
     }
 
@@ -449,8 +544,52 @@ mod tests {
             max_frame_bytes: 10_000,
             ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
         };
-        // Frames of about 4 KB: the third one reaches the byte bound.
-        let (_node, taken, _stream) = handed_over(limits, 10, 4000).await;
-        assert_eq!(taken, 3);
+        // Frames of about 4 KB: two fit in the bound, a third would not.
+        let (node, taken, _stream) = handed_over(limits, 10, 4000).await;
+        assert_eq!(taken, 2);
+        // An answer gives its frame's bytes back: one more is taken.
+        let reply = node.replies.borrow_mut().remove(0);
+        let _ = reply.send(Err(AppendError::Unavailable("refused".to_owned())));
+        settle().await;
+        assert_eq!(node.replies.borrow().len(), 2, "one answered, one more taken");
+    }
+
+    #[actix_rt::test]
+    async fn a_frame_larger_than_the_byte_bound_alone_is_still_taken_once_nothing_else_is_in_flight() {
+        let limits = ClientLimits {
+            max_frame_bytes: 10_000,
+            ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
+        };
+        let (node, taken, _stream) = handed_over(limits, 1, 9_000).await;
+        assert_eq!(taken, 1);
+        drop(node);
+    }
+
+    #[actix_rt::test]
+    async fn a_frame_that_does_not_arrive_whole_in_time_closes_the_connection() {
+        let limits = ClientLimits {
+            frame_timeout: Duration::from_millis(200),
+            ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
+        };
+        let node = Held::default();
+        let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).unwrap();
+        let frame = append_frame(1, 100);
+        // Whole frames, slowly, keep the connection.
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        for _ in 0..3 {
+            stream.write_all(&frame).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(120)).await;
+        }
+        settle().await;
+        assert_eq!(node.replies.borrow().len(), 3);
+        // Half a frame, then nothing.
+        stream.write_all(&frame[..frame.len() / 2]).await.unwrap();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "closed once the frame was late: {read:?}"
+        );
+        std::mem::forget(server);
     }
 }

@@ -139,13 +139,23 @@ pub fn decode_body<B: serde::de::DeserializeOwned>(frame: &[u8]) -> Result<B, Co
     codec::decode_bounded(body, body.len() as u64)
 }
 
-/// Appends `frame`, length prefix first, to `out`.
-pub fn encode_frame_into<B: Serialize>(frame: &ClientFrame<B>, out: &mut Vec<u8>) {
+/// Appends `frame`, length prefix first, to `out`. A frame whose body
+/// takes more than `u32::MAX` bytes cannot be framed: `out` is left as it
+/// was and the error says so.
+pub fn encode_frame_into<B: Serialize>(frame: &ClientFrame<B>, out: &mut Vec<u8>) -> Result<(), CodecError> {
     let prefix_at = out.len();
     out.extend_from_slice(&[0; 4]);
     codec::encode_into(frame, out);
-    let len = (out.len() - prefix_at - 4) as u32;
+    let body = out.len() - prefix_at - 4;
+    let Ok(len) = u32::try_from(body) else {
+        out.truncate(prefix_at);
+        return Err(CodecError::FrameTooLarge {
+            len: body as u64,
+            limit: u64::from(u32::MAX),
+        });
+    };
     out[prefix_at..prefix_at + 4].copy_from_slice(&len.to_be_bytes());
+    Ok(())
 }
 
 #[cfg(test)]
@@ -162,7 +172,7 @@ mod tests {
             },
         };
         let mut out = vec![9, 9];
-        encode_frame_into(&request, &mut out);
+        encode_frame_into(&request, &mut out).unwrap();
         assert_eq!(&out[..2], &[9, 9], "what was in the buffer stays");
         let len = u32::from_be_bytes(out[2..6].try_into().unwrap()) as usize;
         let frame = &out[6..];

@@ -179,6 +179,14 @@ pub fn parse_name(name: &str) -> Option<SnapshotId> {
     })
 }
 
+/// Whether a file named `name`, in a directory that holds snapshots, is
+/// meant to be one: it ends in `.checkpoint` and is not the store's own
+/// checkpoint file, which shares the data directory (and the suffix, as
+/// Kafka's `quorum-state` neighbours its snapshots).
+fn looks_like_a_snapshot(name: &str) -> bool {
+    name.ends_with(SNAPSHOT_SUFFIX) && name != super::sled_store::CHECKPOINT_FILE
+}
+
 /// Path of the snapshot `id` in `dir`.
 pub fn path_of(dir: &Path, id: SnapshotId) -> PathBuf {
     dir.join(file_name(id))
@@ -196,7 +204,7 @@ pub fn list(dir: &Path) -> Result<Vec<SnapshotId>> {
         let Some(name) = name.to_str() else {
             continue;
         };
-        if !name.ends_with(SNAPSHOT_SUFFIX) {
+        if !looks_like_a_snapshot(name) {
             continue;
         }
         match parse_name(name) {
@@ -1551,6 +1559,19 @@ mod tests {
         ] {
             assert_eq!(parse_name(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn the_stores_checkpoint_file_is_not_taken_for_a_malformed_snapshot() {
+        // `list` warns about a `.checkpoint` file whose name does not parse;
+        // the store's own `quorum.checkpoint` in the same directory is not
+        // one, so a fresh node starts without that warning.
+        assert!(!looks_like_a_snapshot(crate::storage::sled_store::CHECKPOINT_FILE));
+        assert!(looks_like_a_snapshot("00000000000000001000-0000000003.checkpoint"));
+        assert!(looks_like_a_snapshot("quorum2.checkpoint"), "other names still warn");
+        assert!(!looks_like_a_snapshot(
+            "00000000000000001000-0000000003.checkpoint.part"
+        ));
     }
 
     #[test]
