@@ -17,6 +17,7 @@
 //! opened again by the next request.
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use serde_bytes::ByteBuf;
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -52,6 +53,12 @@ pub enum Error {
     Protocol { addr: SocketAddr, reason: String },
 }
 
+/// A connection whose last answer came this recently is used without
+/// [`still_open`]'s look (a system call): a node closes only connections
+/// that were idle for far longer, or when it stops, which can happen at
+/// any moment anyway.
+const QUIET: Duration = Duration::from_millis(50);
+
 /// Whether the node may still read what is sent on `stream`: it has not
 /// closed the connection (it does so after a while idle, when nothing is
 /// pending) and sent nothing unasked. Looked at before a request goes out
@@ -59,8 +66,12 @@ pub enum Error {
 /// connection, which would end in [`Error::NoAnswer`] although the node
 /// never saw it, goes out on a new one instead. A close that comes after
 /// this look still ends so.
-fn still_open(stream: &TcpStream) -> bool {
+fn still_open(stream: &BufReader<TcpStream>) -> bool {
     use std::os::fd::AsRawFd;
+    if !stream.buffer().is_empty() {
+        return false;
+    }
+    let stream = stream.get_ref();
     let mut byte = 0u8;
     // SAFETY: recv(2) writes at most one byte into `byte`, which lives
     // across the call; MSG_PEEK leaves the byte (if any) in the socket and
@@ -84,6 +95,8 @@ pub struct Client {
     addr: SocketAddr,
     /// `None` until connected, and after a request failed on it.
     stream: Option<BufReader<TcpStream>>,
+    /// When `stream` last brought an answer.
+    answered_at: Instant,
     next_correlation_id: u64,
     frame: Vec<u8>,
 }
@@ -106,6 +119,7 @@ impl Client {
         let mut client = Client {
             addr,
             stream: None,
+            answered_at: Instant::now(),
             next_correlation_id: 0,
             frame: Vec::new(),
         };
@@ -152,7 +166,7 @@ impl Client {
     /// around it) never leaves a stale answer for the next one.
     async fn call(&mut self, body: ClientRequest) -> Result<ClientResponse, Error> {
         let mut stream = match self.stream.take() {
-            Some(stream) if stream.buffer().is_empty() && still_open(stream.get_ref()) => stream,
+            Some(stream) if self.answered_at.elapsed() < QUIET || still_open(&stream) => stream,
             _ => self.open().await?,
         };
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
@@ -179,7 +193,10 @@ impl Client {
         let addr = self.addr;
         let no_answer = |reason: String| Error::NoAnswer { addr, reason };
         let frame = match read_frame(&mut stream, MAX_ANSWER_BYTES).await {
-            Ok(Some(frame)) => frame,
+            Ok(Some(frame)) => {
+                self.answered_at = Instant::now();
+                frame
+            }
             Ok(None) => return Err(no_answer("the node closed the connection".to_owned())),
             Err(err) => return Err(no_answer(err.to_string())),
         };

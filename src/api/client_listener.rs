@@ -197,6 +197,11 @@ async fn connection<N: NodeApi>(
     let frame_deadline = tokio::time::sleep(frame_timeout);
     tokio::pin!(frame_deadline);
     let mut awaiting_frame = false;
+    // One future for the life of the connection, not one per turn.
+    let stopping = async move {
+        let _ = stop.wait_for(|&stopping| stopping).await;
+    };
+    tokio::pin!(stopping);
     let mut out = Vec::new();
     loop {
         let took = conn.take_frames();
@@ -214,7 +219,7 @@ async fn connection<N: NodeApi>(
         }
         tokio::select! {
             biased;
-            _ = stop.wait_for(|&stopping| stopping), if conn.reading => {
+            () = &mut stopping, if conn.reading => {
                 conn.reading = false;
             }
             Some(answer) = conn.answers.next() => {
