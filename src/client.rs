@@ -66,12 +66,8 @@ const QUIET: Duration = Duration::from_millis(50);
 /// connection, which would end in [`Error::NoAnswer`] although the node
 /// never saw it, goes out on a new one instead. A close that comes after
 /// this look still ends so.
-fn still_open(stream: &BufReader<TcpStream>) -> bool {
+fn still_open(stream: &TcpStream) -> bool {
     use std::os::fd::AsRawFd;
-    if !stream.buffer().is_empty() {
-        return false;
-    }
-    let stream = stream.get_ref();
     let mut byte = 0u8;
     // SAFETY: recv(2) writes at most one byte into `byte`, which lives
     // across the call; MSG_PEEK leaves the byte (if any) in the socket and
@@ -166,7 +162,12 @@ impl Client {
     /// around it) never leaves a stale answer for the next one.
     async fn call(&mut self, body: ClientRequest) -> Result<ClientResponse, Error> {
         let mut stream = match self.stream.take() {
-            Some(stream) if self.answered_at.elapsed() < QUIET || still_open(&stream) => stream,
+            Some(stream)
+                if stream.buffer().is_empty()
+                    && (self.answered_at.elapsed() < QUIET || still_open(stream.get_ref())) =>
+            {
+                stream
+            }
             _ => self.open().await?,
         };
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);

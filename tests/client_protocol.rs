@@ -230,6 +230,22 @@ async fn a_frame_over_the_limit_is_refused_with_its_id_and_the_connection_closes
     assert!(read_answer(&mut stream).await.is_none(), "the connection is closed");
     assert_eq!(served.data_values().await, ["small"]);
 
+    // The length prefix alone first: the refusal waits for the header, to
+    // carry the id the client waits for.
+    let mut stream = TcpStream::connect(served.addr).await.unwrap();
+    let late = frame(7, &append(&[big.as_str()]));
+    stream.write_all(&late[..4]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stream.write_all(&late[4..]).await.unwrap();
+    let (id, answer) = read_answer(&mut stream).await.unwrap();
+    assert!(
+        matches!(
+            (id, &answer),
+            (7, ClientResponse::Error(ClientError::PayloadTooLarge(_)))
+        ),
+        "{id} {answer:?}"
+    );
+
     // Through the client: the refusal, and the next request on a new
     // connection.
     let mut client = Client::connect(served.addr).await.unwrap();

@@ -72,9 +72,9 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Largest read buffer a connection keeps once the frames in it are taken.
 const KEPT_BUFFER_BYTES: usize = 4 * READ_CHUNK_BYTES;
 /// How long, and for how many bytes, a connection closed after a refused
-/// frame reads and drops what its client still sends before closing: so
-/// that the refusal, and the answers before it, reach a client that is
-/// still writing the frame instead of being lost to a TCP reset.
+/// frame, or by a stop, reads and drops what its client still sends before
+/// closing: so that the answers it wrote last reach a client that is still
+/// writing instead of being lost to a TCP reset.
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 64 * 1024 * 1024;
 
@@ -160,8 +160,10 @@ struct Connection<N> {
     reading: bool,
     /// The next whole frame does not fit in what `in_flight_bytes` leaves.
     next_frame_waits: bool,
-    /// A frame was refused as too large: its rest is still on the way.
-    refused_too_large: bool,
+    /// A frame was refused as too large (its rest is still on the way), or
+    /// the listener stopped while the client may still be sending: the
+    /// close lingers (see [`LINGER`]).
+    linger_on_close: bool,
 }
 
 async fn connection<N: NodeApi>(
@@ -187,7 +189,7 @@ async fn connection<N: NodeApi>(
         in_flight_bytes: 0,
         reading: true,
         next_frame_waits: false,
-        refused_too_large: false,
+        linger_on_close: false,
     };
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
@@ -221,6 +223,7 @@ async fn connection<N: NodeApi>(
             biased;
             () = &mut stopping, if conn.reading => {
                 conn.reading = false;
+                conn.linger_on_close = true;
             }
             Some(answer) = conn.answers.next() => {
                 conn.answered(answer, &mut out);
@@ -269,7 +272,7 @@ async fn connection<N: NodeApi>(
             else => return,
         }
     }
-    if conn.refused_too_large {
+    if conn.linger_on_close {
         linger(reader, writer).await;
     }
 }
@@ -325,14 +328,15 @@ impl<N: NodeApi> Connection<N> {
                 self.answers
                     .push_back(ready(correlation_id, ClientResponse::Error(refusal), 0));
                 self.reading = false;
-                self.refused_too_large = true;
+                self.linger_on_close = true;
                 self.input = Vec::new();
                 self.consumed = 0;
                 return took;
             }
-            if self.in_flight_bytes > 0 && self.in_flight_bytes + len > self.limits.max_frame_bytes {
+            if self.in_flight_bytes + len > self.limits.max_frame_bytes {
                 // Taken once answers give bytes back; until then nothing
-                // more is read (a frame alone may take the whole bound).
+                // more is read. (With nothing in flight a frame always
+                // fits: a larger one was refused above.)
                 self.next_frame_waits = true;
                 break;
             }
@@ -560,14 +564,38 @@ mod tests {
     }
 
     #[actix_rt::test]
-    async fn a_frame_larger_than_the_byte_bound_alone_is_still_taken_once_nothing_else_is_in_flight() {
+    async fn frames_that_keep_arriving_whole_keep_the_connection_though_each_read_ends_inside_one() {
         let limits = ClientLimits {
-            max_frame_bytes: 10_000,
+            frame_timeout: Duration::from_millis(500),
             ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
         };
-        let (node, taken, _stream) = handed_over(limits, 1, 9_000).await;
-        assert_eq!(taken, 1);
-        drop(node);
+        let node = Held::default();
+        let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).unwrap();
+        let frame_len = append_frame(0, 100).len();
+        let mut bytes = Vec::new();
+        for i in 0..5 {
+            bytes.extend(append_frame(i, 100));
+        }
+        // Half a frame, then writes that each finish a frame and start the
+        // next: part of a frame is buffered all along, for far longer than
+        // the timeout, but each frame arrives whole within it.
+        let mut cuts = vec![0, frame_len / 2];
+        while cuts.last().unwrap() + frame_len < bytes.len() {
+            cuts.push(cuts.last().unwrap() + frame_len);
+        }
+        cuts.push(bytes.len());
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        for pair in cuts.windows(2) {
+            let _ = stream.write_all(&bytes[pair[0]..pair[1]]).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        settle().await;
+        assert_eq!(
+            node.replies.borrow().len(),
+            5,
+            "every frame taken on the one connection"
+        );
+        std::mem::forget(server);
     }
 
     #[actix_rt::test]
