@@ -1,5 +1,5 @@
-//! Appends records through a node's client listener and prints where they
-//! landed:
+//! Appends records through a node's client listener, prints where they
+//! landed and reads them back:
 //!
 //! ```sh
 //! ./target/release/kraft run --config config.toml --set listeners.client=127.0.0.1:9092
@@ -7,6 +7,7 @@
 //! ```
 
 use kraft::client::{Client, ClientError, Error};
+use kraft::messages::Record;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
@@ -41,6 +42,14 @@ async fn run(addr: &str, records: Vec<Vec<u8>>) -> Result<(), Error> {
                 "committed at offsets {}..={} in epoch {}",
                 appended.base_offset, appended.last_offset, appended.epoch
             );
+            // Read them back, as the log holds them.
+            let count = u32::try_from(appended.last_offset - appended.base_offset + 1).unwrap_or(u32::MAX);
+            for committed in client.read(appended.base_offset, count).await?.records {
+                match committed.record {
+                    Record::Data(bytes) => println!("  {}: {:?}", committed.offset, String::from_utf8_lossy(&bytes)),
+                    other => println!("  {}: {}", committed.offset, other.kind()),
+                }
+            }
             Ok(())
         }
         // No leader yet (just started): the caller may try again.

@@ -25,7 +25,8 @@ use tokio::net::{lookup_host, TcpStream, ToSocketAddrs};
 
 use crate::actors::transport::read_frame;
 use crate::messages::client::{self, ClientFrame, ClientRequest, ClientResponse, CLIENT_PROTOCOL_VERSION};
-use crate::node::{Appended, QuorumStatus};
+use crate::node::{Appended, QuorumStatus, RecordPage};
+use crate::raft::Offset;
 
 pub use crate::messages::client::ClientError;
 
@@ -135,6 +136,20 @@ impl Client {
         let records = records.into_iter().map(ByteBuf::from).collect();
         match self.call(ClientRequest::Append { records }).await? {
             ClientResponse::Appended(appended) => Ok(appended),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Committed records from offset `from` (at most `max`, and at most
+    /// 10,000 and about 4 MiB a page), each as the log holds it: a data
+    /// record's bytes exactly as appended, control records
+    /// (`LeaderChange`, `NoOp`) included so that offsets are contiguous.
+    /// Offsets below the log start come from the node's newest snapshot;
+    /// a page ends at the log start, ask again from there. Read from the
+    /// node this client talks to.
+    pub async fn read(&mut self, from: Offset, max: u32) -> Result<RecordPage, Error> {
+        match self.call(ClientRequest::Read { from, max }).await? {
+            ClientResponse::Records(page) => Ok(page),
             other => Err(self.unexpected(&other)),
         }
     }

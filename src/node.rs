@@ -142,12 +142,47 @@ pub struct LogPage {
     pub records: Vec<LogEntry>,
 }
 
-/// A committed record delivered to a listener.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A committed record: delivered to a listener, and read with
+/// [`NodeHandle::read_records`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommittedRecord {
     pub offset: Offset,
     pub epoch: Epoch,
     pub record: Record,
+}
+
+/// Committed records as the log holds them: what [`LogPage`] shows as
+/// text, with a data record's bytes as they were appended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordPage {
+    pub high_watermark: Offset,
+    pub log_start_offset: Offset,
+    /// From the offset asked for (or the first one held, if it was below
+    /// the log start and no snapshot covers it), contiguous, control
+    /// records included.
+    pub records: Vec<CommittedRecord>,
+}
+
+impl From<RecordPage> for LogPage {
+    fn from(page: RecordPage) -> LogPage {
+        LogPage {
+            high_watermark: page.high_watermark,
+            log_start_offset: page.log_start_offset,
+            records: page
+                .records
+                .into_iter()
+                .map(|committed| LogEntry {
+                    offset: committed.offset,
+                    epoch: committed.epoch,
+                    kind: committed.record.kind().to_string(),
+                    value: match &committed.record {
+                        Record::Data(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+                        _ => None,
+                    },
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Delivered to every registered listener, in log order, each committed
@@ -712,6 +747,13 @@ impl NodeHandle {
     /// `max` (capped at 10 000), contiguous, control records included,
     /// never at or past the high watermark.
     pub async fn read_committed(&self, from: Offset, max: usize) -> Result<LogPage, NodeError> {
+        self.read_records(from, max).await.map(LogPage::from)
+    }
+
+    /// [`NodeHandle::read_committed`] with the records as the log holds
+    /// them: a data record's bytes exactly as appended (not as text), and
+    /// control records whole.
+    pub async fn read_records(&self, from: Offset, max: usize) -> Result<RecordPage, NodeError> {
         self.inner
             .quorum
             .send(ReadCommitted { from, max })

@@ -16,6 +16,7 @@ use kraft::config::Config;
 use kraft::messages::client::{
     decode_body, encode_frame_into, peek_header, ClientFrame, ClientRequest, ClientResponse, CLIENT_PROTOCOL_VERSION,
 };
+use kraft::messages::Record;
 use kraft::node::{self, NodeHandle};
 use serde_bytes::ByteBuf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -152,6 +153,53 @@ async fn a_client_appends_records_that_commit_in_order_and_reads_the_quorum() {
         "answered only once committed"
     );
     assert_eq!(served.data_values().await, ["a", "b", "c"]);
+    served.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_client_reads_back_the_bytes_it_appended_with_the_control_records_between() {
+    let served = Served::leader(default_limits()).await;
+    let mut client = Client::connect(served.addr).await.unwrap();
+    let binary = vec![0xff, 0x00, 0xfe, b'\n'];
+    let appended = client.append(vec![binary.clone(), b"text".to_vec()]).await.unwrap();
+
+    let page = client.read(0, 10_000).await.unwrap();
+    assert_eq!(page.log_start_offset, 0);
+    assert!(page.high_watermark > appended.last_offset);
+    let offsets: Vec<i64> = page.records.iter().map(|r| r.offset).collect();
+    assert_eq!(
+        offsets,
+        (0..page.high_watermark).collect::<Vec<_>>(),
+        "contiguous from 0 to the high watermark"
+    );
+    assert!(
+        matches!(page.records[0].record, Record::LeaderChange { leader_id: 1, .. }),
+        "{:?}",
+        page.records[0]
+    );
+    let data: Vec<&Record> = page
+        .records
+        .iter()
+        .map(|r| &r.record)
+        .filter(|r| matches!(r, Record::Data(_)))
+        .collect();
+    assert_eq!(data, [&Record::Data(binary.clone()), &Record::Data(b"text".to_vec())]);
+
+    // From an offset, bounded by max; past the high watermark, nothing.
+    let one = client.read(appended.base_offset, 1).await.unwrap();
+    assert_eq!(one.records.len(), 1);
+    assert_eq!(
+        (one.records[0].offset, &one.records[0].record, one.records[0].epoch),
+        (appended.base_offset, &Record::Data(binary), appended.epoch)
+    );
+    let past = client.read(page.high_watermark + 100, 10).await.unwrap();
+    assert!(past.records.is_empty());
+    // A negative offset is refused; the connection stays.
+    match client.read(-1, 10).await {
+        Err(Error::Node(ClientError::BadRequest(message))) => assert!(message.contains("from"), "{message}"),
+        other => panic!("expected BadRequest, got {other:?}"),
+    }
+    assert_eq!(client.read(0, 0).await.unwrap().records, []);
     served.stop().await;
 }
 

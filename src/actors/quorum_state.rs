@@ -51,7 +51,9 @@ use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest, Transp
 use crate::messages::{
     AppendRequest, AppendResponse, Batch, ErrorCode, FetchResponse, RaftRequest, RaftResponse, Record, SnapshotId,
 };
-use crate::node::{AppendError, Appended, LogEntry, LogPage, MetricsSnapshot, NodeError, QuorumStatus, ReplicaStatus};
+use crate::node::{
+    AppendError, Appended, CommittedRecord, MetricsSnapshot, NodeError, QuorumStatus, RecordPage, ReplicaStatus,
+};
 use crate::raft::{Action, NodeId, Offset, ProposeError, Proposed, RaftNode, RoleInfo, RoleKind};
 
 /// Longest the timer sleeps even when the engine has nothing due.
@@ -130,7 +132,7 @@ pub struct Describe;
 
 /// Committed records from `from` (at most `max`).
 #[derive(Message, Debug)]
-#[rtype(result = "Result<LogPage, NodeError>")]
+#[rtype(result = "Result<RecordPage, NodeError>")]
 pub struct ReadCommitted {
     pub from: Offset,
     pub max: usize,
@@ -1358,7 +1360,7 @@ impl Handler<CreateSnapshot> for QuorumState {
 }
 
 impl Handler<ReadCommitted> for QuorumState {
-    type Result = ResponseFuture<Result<LogPage, NodeError>>;
+    type Result = ResponseFuture<Result<RecordPage, NodeError>>;
 
     fn handle(&mut self, msg: ReadCommitted, ctx: &mut Self::Context) -> Self::Result {
         self.tick();
@@ -1371,7 +1373,7 @@ impl Handler<ReadCommitted> for QuorumState {
         // which holds every one of them.
         let from = msg.from.max(0);
         let max = msg.max.min(READ_COMMITTED_MAX_RECORDS);
-        let empty = LogPage {
+        let empty = RecordPage {
             high_watermark,
             log_start_offset,
             records: Vec::new(),
@@ -1403,8 +1405,8 @@ impl Handler<ReadCommitted> for QuorumState {
                 .and_then(Result::ok)
                 .ok_or_else(|| NodeError("the storage thread stopped".into()))?
                 .map_err(|e| NodeError(format!("cannot read the log: {e}")))?;
-            let records = committed_entries(&batches, from, high_watermark, max)?;
-            Ok(LogPage {
+            let records = committed_records(batches, from, high_watermark, max)?;
+            Ok(RecordPage {
                 high_watermark,
                 log_start_offset,
                 records,
@@ -1457,7 +1459,12 @@ fn complete_fetch(mut response: FetchResponse, read: ReadResult) -> FetchRespons
 
 /// The records of `batches` in `[from, until)`, at most `max`, contiguous
 /// from `from`.
-fn committed_entries(batches: &[Batch], from: Offset, until: Offset, max: usize) -> Result<Vec<LogEntry>, NodeError> {
+fn committed_records(
+    batches: Vec<Batch>,
+    from: Offset,
+    until: Offset,
+    max: usize,
+) -> Result<Vec<CommittedRecord>, NodeError> {
     let mut entries = Vec::new();
     let mut expected = from;
     'batches: for batch in batches {
@@ -1480,15 +1487,10 @@ fn committed_entries(batches: &[Batch], from: Offset, until: Offset, max: usize)
                     "gap in the committed log: expected offset {expected}, found {offset}"
                 )));
             }
-            let value = match &record {
-                Record::Data(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
-                _ => None,
-            };
-            entries.push(LogEntry {
+            entries.push(CommittedRecord {
                 offset,
                 epoch: batch.epoch,
-                kind: record.kind().to_string(),
-                value,
+                record,
             });
             expected += 1;
         }
@@ -1708,7 +1710,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn committed_entries_are_contiguous_and_bounded() {
+    fn committed_records_are_contiguous_and_bounded_and_shown_as_text_for_http() {
         let b0 = Batch::new(
             0,
             1,
@@ -1721,19 +1723,44 @@ mod tests {
         let b1 = Batch::new(
             1,
             1,
-            &[Record::Data(b"a".to_vec()), Record::Data(b"b".to_vec()), Record::NoOp],
+            &[
+                Record::Data(b"a".to_vec()),
+                Record::Data(vec![0xff, 0x00, 0xfe]),
+                Record::NoOp,
+            ],
         );
-        let all = committed_entries(&[b0.clone(), b1.clone()], 0, 4, 100).unwrap();
+        let all = committed_records(vec![b0.clone(), b1.clone()], 0, 4, 100).unwrap();
         assert_eq!(all.iter().map(|e| e.offset).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
-        assert_eq!(all[0].kind, "leader_change");
-        assert_eq!(all[1].value.as_deref(), Some("a"));
-        assert_eq!(all[3].value, None);
+        assert_eq!(all[0].record.kind(), "leader_change");
+        assert_eq!(all[1].record, Record::Data(b"a".to_vec()));
+        assert_eq!(all[2].record, Record::Data(vec![0xff, 0x00, 0xfe]), "bytes as appended");
+        assert_eq!(all[3].record, Record::NoOp);
         // From the middle of a batch, bounded by the high watermark and max.
-        let some = committed_entries(std::slice::from_ref(&b1), 2, 4, 1).unwrap();
+        let some = committed_records(vec![b1.clone()], 2, 4, 1).unwrap();
         assert_eq!(some.len(), 1);
         assert_eq!(some[0].offset, 2);
-        let below_hw = committed_entries(&[b0, b1], 0, 2, 100).unwrap();
+        let below_hw = committed_records(vec![b0, b1], 0, 2, 100).unwrap();
         assert_eq!(below_hw.len(), 2);
+        // The HTTP API's page: kinds as words, data as (lossy) text.
+        let page = crate::node::LogPage::from(RecordPage {
+            high_watermark: 4,
+            log_start_offset: 0,
+            records: all,
+        });
+        let shown: Vec<(&str, Option<&str>)> = page
+            .records
+            .iter()
+            .map(|e| (e.kind.as_str(), e.value.as_deref()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("leader_change", None),
+                ("data", Some("a")),
+                ("data", Some("\u{fffd}\u{0}\u{fffd}")),
+                ("noop", None)
+            ]
+        );
     }
 
     #[test]
@@ -1762,9 +1789,9 @@ mod tests {
     }
 
     #[test]
-    fn committed_entries_reject_a_gap() {
+    fn committed_records_reject_a_gap() {
         let b = Batch::new(5, 1, &[Record::NoOp]);
-        assert!(committed_entries(&[b], 3, 10, 100).is_err());
+        assert!(committed_records(vec![b], 3, 10, 100).is_err());
     }
 }
 

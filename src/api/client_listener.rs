@@ -402,6 +402,22 @@ impl<N: NodeApi> Connection<N> {
                 }
                 .boxed_local()
             }
+            Ok(ClientRequest::Read { from, .. }) if from < 0 => {
+                let refusal = ClientError::BadRequest(format!("from: expected an offset >= 0, got {from}"));
+                ready(id, ClientResponse::Error(refusal), len)
+            }
+            Ok(ClientRequest::Read { from, max }) => {
+                let node = self.node.clone();
+                async move {
+                    let max = usize::try_from(max).unwrap_or(usize::MAX);
+                    let answer = match node.read_records(from, max).await {
+                        Ok(page) => ClientResponse::Records(page),
+                        Err(err) => ClientResponse::Error(ClientError::Unavailable(err.0)),
+                    };
+                    (id, answer, len)
+                }
+                .boxed_local()
+            }
             Ok(ClientRequest::Quorum) => {
                 let node = self.node.clone();
                 async move {
@@ -449,7 +465,7 @@ mod tests {
 
     use super::*;
     use crate::actors::quorum_state::AppendReply;
-    use crate::node::{AppendError, Appended, LogPage, MetricsSnapshot, NodeError, QuorumStatus, SnapshotInfo};
+    use crate::node::{AppendError, Appended, MetricsSnapshot, NodeError, QuorumStatus, RecordPage, SnapshotInfo};
     use crate::raft::Offset;
 
     /// Takes appends and answers none of them until told to.
@@ -470,7 +486,7 @@ mod tests {
         async fn describe(&self) -> Result<QuorumStatus, NodeError> {
             Err(NodeError("not in this test".into()))
         }
-        async fn read_committed(&self, _: Offset, _: usize) -> Result<LogPage, NodeError> {
+        async fn read_records(&self, _: Offset, _: usize) -> Result<RecordPage, NodeError> {
             unimplemented!()
         }
         async fn metrics(&self) -> Result<MetricsSnapshot, NodeError> {

@@ -101,7 +101,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::node::{LogPage, MetricsSnapshot, NodeError, QuorumStatus, SnapshotInfo};
+    use crate::node::{MetricsSnapshot, NodeError, QuorumStatus, RecordPage, SnapshotInfo};
     use crate::raft::Offset;
 
     /// Appends get consecutive offsets; records "bad" are rejected; every
@@ -141,7 +141,7 @@ mod tests {
         async fn describe(&self) -> Result<QuorumStatus, NodeError> {
             unimplemented!()
         }
-        async fn read_committed(&self, _: Offset, _: usize) -> Result<LogPage, NodeError> {
+        async fn read_records(&self, _: Offset, _: usize) -> Result<RecordPage, NodeError> {
             unimplemented!()
         }
         async fn metrics(&self) -> Result<MetricsSnapshot, NodeError> {

@@ -45,7 +45,9 @@ pub use local::{LocalHttpServer, LocalServer};
 
 use crate::actors::quorum_state::AppendReply;
 use crate::messages::{Record, MAX_BATCH_BYTES};
-use crate::node::{AppendError, Appended, LogPage, MetricsSnapshot, NodeError, NodeHandle, QuorumStatus, SnapshotInfo};
+use crate::node::{
+    AppendError, Appended, LogPage, MetricsSnapshot, NodeError, NodeHandle, QuorumStatus, RecordPage, SnapshotInfo,
+};
 use crate::raft::Offset;
 
 /// `GET /v1/log` returns this many records when `max` is not given.
@@ -139,7 +141,7 @@ pub(crate) trait NodeApi: Clone + 'static {
         }
     }
     fn describe(&self) -> impl Future<Output = Result<QuorumStatus, NodeError>>;
-    fn read_committed(&self, from: Offset, max: usize) -> impl Future<Output = Result<LogPage, NodeError>>;
+    fn read_records(&self, from: Offset, max: usize) -> impl Future<Output = Result<RecordPage, NodeError>>;
     fn metrics(&self) -> impl Future<Output = Result<MetricsSnapshot, NodeError>>;
     fn create_snapshot(&self) -> impl Future<Output = Result<SnapshotInfo, NodeError>>;
 }
@@ -154,8 +156,8 @@ impl NodeApi for NodeHandle {
     fn describe(&self) -> impl Future<Output = Result<QuorumStatus, NodeError>> {
         NodeHandle::describe(self)
     }
-    fn read_committed(&self, from: Offset, max: usize) -> impl Future<Output = Result<LogPage, NodeError>> {
-        NodeHandle::read_committed(self, from, max)
+    fn read_records(&self, from: Offset, max: usize) -> impl Future<Output = Result<RecordPage, NodeError>> {
+        NodeHandle::read_records(self, from, max)
     }
     fn metrics(&self) -> impl Future<Output = Result<MetricsSnapshot, NodeError>> {
         NodeHandle::metrics(self)
@@ -395,7 +397,8 @@ async fn log<N: NodeApi>(node: web::Data<N>, params: web::Query<LogParams>) -> R
             }
         },
     };
-    Ok(HttpResponse::Ok().json(node.read_committed(from, max).await?))
+    let page = LogPage::from(node.read_records(from, max).await?);
+    Ok(HttpResponse::Ok().json(page))
 }
 
 async fn healthz<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {

@@ -71,9 +71,9 @@ impl NodeApi for FakeNode {
     async fn describe(&self) -> Result<QuorumStatus, NodeError> {
         Ok(status())
     }
-    async fn read_committed(&self, from: Offset, max: usize) -> Result<LogPage, NodeError> {
+    async fn read_records(&self, from: Offset, max: usize) -> Result<RecordPage, NodeError> {
         self.reads.lock().unwrap().push((from, max));
-        Ok(LogPage {
+        Ok(RecordPage {
             high_watermark: 9,
             log_start_offset: 5,
             records: vec![],

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 use super::codec::{self, CodecError};
-use crate::node::{AppendError, Appended, QuorumStatus};
-use crate::raft::NodeId;
+use crate::node::{AppendError, Appended, QuorumStatus, RecordPage};
+use crate::raft::{NodeId, Offset};
 
 /// The version of the client protocol, first in every frame.
 pub const CLIENT_PROTOCOL_VERSION: u16 = 1;
@@ -40,6 +40,12 @@ pub enum ClientRequest {
     Append { records: Vec<ByteBuf> },
     /// This node's view of the quorum: [`ClientResponse::Quorum`].
     Quorum,
+    /// Committed records from offset `from`, at most `max` of them (and
+    /// at most 10,000 and about 4 MiB), as `GET /v1/log` reads them but
+    /// with each record as the log holds it: [`ClientResponse::Records`].
+    /// Read from this node: a follower's high watermark may trail the
+    /// leader's.
+    Read { from: Offset, max: u32 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +53,7 @@ pub enum ClientResponse {
     Appended(Appended),
     Quorum(QuorumStatus),
     Error(ClientError),
+    Records(RecordPage),
 }
 
 /// Why a request was not done; the same cases, and the same codes, as
