@@ -1149,3 +1149,38 @@ async fn an_append_too_large_for_a_batch_is_rejected_on_a_follower_as_on_the_lea
     }
     shutdown_all(&mut nodes).await;
 }
+
+#[actix_rt::test]
+async fn a_client_of_a_follower_has_its_append_forwarded_and_reads_it_back_there() {
+    let (_dirs, mut nodes) = start_cluster().await;
+    let (leader, _) = agreed_leader(&nodes, 0).await;
+    let follower = (leader + 1) % 3;
+    let limits = kraft::api::ClientLimits::for_batch_bytes(kraft::messages::MAX_BATCH_BYTES);
+    let (server, addr) =
+        kraft::api::client_server_here(nodes[follower].clone().unwrap(), "127.0.0.1:0".parse().unwrap(), limits)
+            .expect("the client listener binds");
+    let mut client = kraft::client::Client::connect(addr).await.unwrap();
+    let appended = client
+        .append(vec![vec![0xff, 0x01]])
+        .await
+        .expect("forwarded to the leader");
+    // The follower's high watermark may trail the leader's a moment.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let record = loop {
+        let page = client.read(appended.base_offset, 1).await.expect("the follower reads");
+        if let Some(record) = page.records.into_iter().next() {
+            break record;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follower never served the record"
+        );
+        tokio::time::sleep(POLL).await;
+    };
+    assert_eq!(
+        (record.offset, record.record),
+        (appended.base_offset, Record::Data(vec![0xff, 0x01]))
+    );
+    server.stop().await;
+    shutdown_all(&mut nodes).await;
+}
