@@ -141,7 +141,8 @@ impl Client {
     }
 
     /// Committed records from offset `from` (at most `max`, and at most
-    /// 10,000 and about 4 MiB a page), each as the log holds it: a data
+    /// 10,000; a page holds a few MiB at most, but always at least one
+    /// whole batch), each as the log holds it: a data
     /// record's bytes exactly as appended, control records
     /// (`LeaderChange`, `NoOp`) included so that offsets are contiguous.
     /// Offsets below the log start come from the node's newest snapshot;

@@ -157,9 +157,9 @@ pub struct CommittedRecord {
 pub struct RecordPage {
     pub high_watermark: Offset,
     pub log_start_offset: Offset,
-    /// From the offset asked for (or the first one held, if it was below
-    /// the log start and no snapshot covers it), contiguous, control
-    /// records included.
+    /// From the offset asked for, contiguous, control records included.
+    /// Below the log start they come from the newest snapshot, and the
+    /// page ends at the log start.
     pub records: Vec<CommittedRecord>,
 }
 

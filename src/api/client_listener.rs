@@ -12,8 +12,9 @@
 //! for answers; they are answered in the order they came, and one write
 //! carries every answer that is ready. Bounds, per connection:
 //! - at most [`ClientLimits::max_in_flight`] requests (64) awaiting their
-//!   answers, and at most [`ClientLimits::max_frame_bytes`] of their frames
-//!   (a frame alone may take all of it):
+//!   answers, of them at most [`MAX_READS_IN_FLIGHT`] reads (2), and at
+//!   most [`ClientLimits::max_frame_bytes`] of their frames (a frame alone
+//!   may take all of it):
 //!   past either, the listener reads nothing more until answers go out, and
 //!   TCP pushes back on the client;
 //! - a frame over `max_frame_bytes` (the batch limit plus a little) is
@@ -61,6 +62,9 @@ use crate::messages::client::{
 
 /// Most requests of one connection awaiting their answers.
 pub const MAX_IN_FLIGHT: usize = 64;
+/// Most `Read`s of one connection awaiting their answers: a page may hold
+/// megabytes, and what was read stays in memory until its client takes it.
+pub const MAX_READS_IN_FLIGHT: usize = 2;
 /// What a frame may hold beyond a batch of `log.max_batch_bytes`: its
 /// header and the request's own fields. A batch's records take more bytes
 /// in the log (12 each beyond their text) than in a frame (8).
@@ -141,7 +145,29 @@ pub(crate) fn serve_here<N: NodeApi>(
 
 /// An answer to come: its correlation id, its answer, and the bytes its
 /// request's frame took.
-type Answer = LocalBoxFuture<'static, (u64, ClientResponse, usize)>;
+type Answer = LocalBoxFuture<'static, (u64, ClientResponse, InFlight)>;
+
+/// What a request holds of its connection's bounds until its answer goes
+/// out.
+#[derive(Clone, Copy, Debug)]
+struct InFlight {
+    /// Its frame's bytes.
+    bytes: usize,
+    /// Whether it is a `Read` (see [`MAX_READS_IN_FLIGHT`]).
+    read: bool,
+}
+
+impl InFlight {
+    fn bytes(bytes: usize) -> InFlight {
+        InFlight { bytes, read: false }
+    }
+}
+
+/// A frame's request, or the refusal that answers it.
+enum Decoded {
+    Request(u64, ClientRequest),
+    Refused(u64, ClientError),
+}
 
 /// One connection's state between turns of its task.
 struct Connection<N> {
@@ -154,6 +180,8 @@ struct Connection<N> {
     answers: FuturesOrdered<Answer>,
     /// Bytes of the frames whose answers are in `answers`.
     in_flight_bytes: usize,
+    /// Of `answers`, the reads.
+    reads_in_flight: usize,
     /// False once the client closed its side, a frame was too large or the
     /// listener is stopping: what was read is answered, then the
     /// connection closes.
@@ -187,6 +215,7 @@ async fn connection<N: NodeApi>(
         consumed: 0,
         answers: FuturesOrdered::new(),
         in_flight_bytes: 0,
+        reads_in_flight: 0,
         reading: true,
         next_frame_waits: false,
         linger_on_close: false,
@@ -243,6 +272,10 @@ async fn connection<N: NodeApi>(
                     }
                 }
                 out.clear();
+                if out.capacity() > KEPT_BUFFER_BYTES {
+                    // A page of records went out; keep a small buffer.
+                    out = Vec::new();
+                }
                 idle.as_mut().reset(Instant::now() + idle_timeout);
             }
             read = reader.read_buf(&mut conn.input), if wants_input => match read {
@@ -325,8 +358,11 @@ impl<N: NodeApi> Connection<N> {
                     "a frame of {len} bytes is over the client listener's limit of {} bytes",
                     self.limits.max_frame_bytes
                 ));
-                self.answers
-                    .push_back(ready(correlation_id, ClientResponse::Error(refusal), 0));
+                self.answers.push_back(ready(
+                    correlation_id,
+                    ClientResponse::Error(refusal),
+                    InFlight::bytes(0),
+                ));
                 self.reading = false;
                 self.linger_on_close = true;
                 self.input = Vec::new();
@@ -343,7 +379,19 @@ impl<N: NodeApi> Connection<N> {
             let Some(frame) = buffered.get(4..4 + len) else {
                 break;
             };
-            let answer = self.start(frame);
+            let answer = match decode(frame) {
+                Decoded::Request(_, ClientRequest::Read { .. }) if self.reads_in_flight >= MAX_READS_IN_FLIGHT => {
+                    // A page of records is large: taken once a read is
+                    // answered.
+                    self.next_frame_waits = true;
+                    break;
+                }
+                Decoded::Request(id, request) => {
+                    self.reads_in_flight += usize::from(matches!(request, ClientRequest::Read { .. }));
+                    self.start(id, request, len)
+                }
+                Decoded::Refused(id, refusal) => ready(id, ClientResponse::Error(refusal), InFlight::bytes(len)),
+            };
             self.consumed += 4 + len;
             self.in_flight_bytes += len;
             self.answers.push_back(answer);
@@ -365,48 +413,21 @@ impl<N: NodeApi> Connection<N> {
         self.input.len() > self.consumed
     }
 
-    /// Starts the request in `frame` (the bytes after its length prefix).
-    fn start(&self, frame: &[u8]) -> Answer {
-        let len = frame.len();
-        let Some(header) = client::peek_header(frame) else {
-            let refusal = ClientError::BadRequest(format!(
-                "a frame of {len} bytes is shorter than the {CLIENT_HEADER_BYTES}-byte header"
-            ));
-            return ready(0, ClientResponse::Error(refusal), len);
-        };
-        let id = header.correlation_id;
-        if header.version != CLIENT_PROTOCOL_VERSION {
-            let refusal = ClientError::BadRequest(format!(
-                "client protocol version {} is not served here; this node speaks version {CLIENT_PROTOCOL_VERSION}",
-                header.version
-            ));
-            return ready(id, ClientResponse::Error(refusal), len);
-        }
-        match client::decode_body::<ClientRequest>(frame) {
-            Err(err) => {
-                let refusal = ClientError::BadRequest(format!("the request does not decode: {err}"));
-                ready(id, ClientResponse::Error(refusal), len)
-            }
-            Ok(ClientRequest::Append { records }) if records.is_empty() => {
-                let refusal = ClientError::BadRequest("records must hold at least one record".to_owned());
-                ready(id, ClientResponse::Error(refusal), len)
-            }
-            Ok(ClientRequest::Append { records }) => {
+    /// Starts `request`, whose frame took `len` bytes.
+    fn start(&self, id: u64, request: ClientRequest, len: usize) -> Answer {
+        match request {
+            ClientRequest::Append { records } => {
                 let appended = self.funnel.append(records.into_iter().map(ByteBuf::into_vec).collect());
                 async move {
                     let answer = match appended.await {
                         Ok(appended) => ClientResponse::Appended(appended),
                         Err(err) => ClientResponse::Error(err.into()),
                     };
-                    (id, answer, len)
+                    (id, answer, InFlight::bytes(len))
                 }
                 .boxed_local()
             }
-            Ok(ClientRequest::Read { from, .. }) if from < 0 => {
-                let refusal = ClientError::BadRequest(format!("from: expected an offset >= 0, got {from}"));
-                ready(id, ClientResponse::Error(refusal), len)
-            }
-            Ok(ClientRequest::Read { from, max }) => {
+            ClientRequest::Read { from, max } => {
                 let node = self.node.clone();
                 async move {
                     let max = usize::try_from(max).unwrap_or(usize::MAX);
@@ -414,27 +435,28 @@ impl<N: NodeApi> Connection<N> {
                         Ok(page) => ClientResponse::Records(page),
                         Err(err) => ClientResponse::Error(ClientError::Unavailable(err.0)),
                     };
-                    (id, answer, len)
+                    (id, answer, InFlight { bytes: len, read: true })
                 }
                 .boxed_local()
             }
-            Ok(ClientRequest::Quorum) => {
+            ClientRequest::Quorum => {
                 let node = self.node.clone();
                 async move {
                     let answer = match node.describe().await {
                         Ok(status) => ClientResponse::Quorum(status),
                         Err(err) => ClientResponse::Error(ClientError::Unavailable(err.0)),
                     };
-                    (id, answer, len)
+                    (id, answer, InFlight::bytes(len))
                 }
                 .boxed_local()
             }
         }
     }
 
-    /// Encodes an answer into `out` and gives its request's bytes back.
-    fn answered(&mut self, (correlation_id, body, len): (u64, ClientResponse, usize), out: &mut Vec<u8>) {
-        self.in_flight_bytes -= len;
+    /// Encodes an answer into `out` and gives back what its request held.
+    fn answered(&mut self, (correlation_id, body, held): (u64, ClientResponse, InFlight), out: &mut Vec<u8>) {
+        self.in_flight_bytes -= held.bytes;
+        self.reads_in_flight -= usize::from(held.read);
         let frame = ClientFrame {
             version: CLIENT_PROTOCOL_VERSION,
             correlation_id,
@@ -453,8 +475,43 @@ impl<N: NodeApi> Connection<N> {
     }
 }
 
-fn ready(correlation_id: u64, answer: ClientResponse, len: usize) -> Answer {
-    futures::future::ready((correlation_id, answer, len)).boxed_local()
+fn ready(correlation_id: u64, answer: ClientResponse, held: InFlight) -> Answer {
+    futures::future::ready((correlation_id, answer, held)).boxed_local()
+}
+
+/// The request in `frame` (the bytes after its length prefix), or why it
+/// is refused.
+fn decode(frame: &[u8]) -> Decoded {
+    let len = frame.len();
+    let Some(header) = client::peek_header(frame) else {
+        return Decoded::Refused(
+            0,
+            ClientError::BadRequest(format!(
+                "a frame of {len} bytes is shorter than the {CLIENT_HEADER_BYTES}-byte header"
+            )),
+        );
+    };
+    let id = header.correlation_id;
+    if header.version != CLIENT_PROTOCOL_VERSION {
+        return Decoded::Refused(
+            id,
+            ClientError::BadRequest(format!(
+                "client protocol version {} is not served here; this node speaks version {CLIENT_PROTOCOL_VERSION}",
+                header.version
+            )),
+        );
+    }
+    let refused = |message: String| Decoded::Refused(id, ClientError::BadRequest(message));
+    match client::decode_body::<ClientRequest>(frame) {
+        Err(err) => refused(format!("the request does not decode: {err}")),
+        Ok(ClientRequest::Append { records }) if records.is_empty() => {
+            refused("records must hold at least one record".to_owned())
+        }
+        Ok(ClientRequest::Read { from, .. }) if from < 0 => {
+            refused(format!("from: expected an offset >= 0, got {from}"))
+        }
+        Ok(request) => Decoded::Request(id, request),
+    }
 }
 
 #[cfg(test)]
@@ -472,6 +529,7 @@ mod tests {
     #[derive(Clone, Default)]
     struct Held {
         replies: Rc<RefCell<Vec<AppendReply>>>,
+        reads: Rc<RefCell<Vec<tokio::sync::oneshot::Sender<RecordPage>>>>,
     }
 
     impl NodeApi for Held {
@@ -487,7 +545,9 @@ mod tests {
             Err(NodeError("not in this test".into()))
         }
         async fn read_records(&self, _: Offset, _: usize) -> Result<RecordPage, NodeError> {
-            unimplemented!()
+            let (page, read) = tokio::sync::oneshot::channel();
+            self.reads.borrow_mut().push(page);
+            read.await.map_err(|_| NodeError("not answered".into()))
         }
         async fn metrics(&self) -> Result<MetricsSnapshot, NodeError> {
             unimplemented!()
@@ -495,6 +555,56 @@ mod tests {
         async fn create_snapshot(&self) -> Result<SnapshotInfo, NodeError> {
             unimplemented!()
         }
+    }
+
+    fn frame_of(correlation_id: u64, body: ClientRequest) -> Vec<u8> {
+        let mut out = Vec::new();
+        let frame = ClientFrame {
+            version: CLIENT_PROTOCOL_VERSION,
+            correlation_id,
+            body,
+        };
+        client::encode_frame_into(&frame, &mut out).unwrap();
+        out
+    }
+
+    #[actix_rt::test]
+    async fn a_connection_has_no_more_than_max_reads_in_flight_and_later_requests_wait_behind_them() {
+        let node = Held::default();
+        let limits = ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES);
+        let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).unwrap();
+        let mut bytes = Vec::new();
+        for id in 0..5 {
+            bytes.extend(frame_of(id, ClientRequest::Read { from: 0, max: 10 }));
+        }
+        bytes.extend(append_frame(5, 10));
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(&bytes).await.unwrap();
+        settle().await;
+        assert_eq!(node.reads.borrow().len(), MAX_READS_IN_FLIGHT);
+        assert!(
+            node.replies.borrow().is_empty(),
+            "requests after a waiting read wait too"
+        );
+        // One page out: one more read in.
+        let page = RecordPage {
+            high_watermark: 0,
+            log_start_offset: 0,
+            records: Vec::new(),
+        };
+        let _ = node.reads.borrow_mut().remove(0).send(page);
+        settle().await;
+        assert_eq!(
+            node.reads.borrow().len(),
+            MAX_READS_IN_FLIGHT,
+            "one answered, one more taken"
+        );
+        let mut prefix = [0; 4];
+        stream.read_exact(&mut prefix).await.unwrap();
+        let mut body = vec![0; u32::from_be_bytes(prefix) as usize];
+        stream.read_exact(&mut body).await.unwrap();
+        assert_eq!(client::peek_header(&body).unwrap().correlation_id, 0);
+        std::mem::forget(server);
     }
 
     fn append_frame(correlation_id: u64, bytes: usize) -> Vec<u8> {

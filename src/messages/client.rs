@@ -40,11 +40,13 @@ pub enum ClientRequest {
     Append { records: Vec<ByteBuf> },
     /// This node's view of the quorum: [`ClientResponse::Quorum`].
     Quorum,
-    /// Committed records from offset `from`, at most `max` of them (and
-    /// at most 10,000 and about 4 MiB), as `GET /v1/log` reads them but
-    /// with each record as the log holds it: [`ClientResponse::Records`].
-    /// Read from this node: a follower's high watermark may trail the
-    /// leader's.
+    /// Committed records from offset `from` (>= 0), at most `max` of them
+    /// (and at most 10,000; a page holds a few MiB at most, but always at
+    /// least one whole batch), as `GET /v1/log` reads them but with each
+    /// record as the log holds it: [`ClientResponse::Records`]. `max` 0
+    /// gives an empty page. Read from this node: a follower's high
+    /// watermark may trail the leader's. A connection has at most two
+    /// reads in flight; requests after a third wait behind it.
     Read { from: Offset, max: u32 },
 }
 

@@ -43,6 +43,9 @@ pub enum Record {
     NoOp,
     // New variants go at the end: bincode encodes the variant index, so the
     // order above is part of the log and snapshot formats.
+    // It is also sent as is to clients (the client protocol's `Read`): a
+    // new variant that can appear in the log needs the client protocol's
+    // version raised.
     /// The only record of a snapshot's first batch (KIP-630): the version of
     /// this record's layout and the timestamp of the last log record the
     /// snapshot contains. Never appended to the log.
