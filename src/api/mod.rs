@@ -210,7 +210,7 @@ fn routes<N: NodeApi>(cfg: &mut web::ServiceConfig, node: N, max_body_bytes: usi
         .app_data(web::PayloadConfig::new(max_body_bytes))
         .app_data(
             web::QueryConfig::default()
-                .error_handler(|err, _req| ApiError::BadRequest(format!("query string: {err}")).into()),
+                .error_handler(|err, _req| ApiError::bad_request(format!("query string: {err}")).into()),
         )
         .service(one_method("/v1/quorum", Method::GET, quorum::<N>))
         .service(one_method("/v1/append", Method::POST, append::<N>))
@@ -224,22 +224,22 @@ fn routes<N: NodeApi>(cfg: &mut web::ServiceConfig, node: N, max_body_bytes: usi
 fn json_error(err: JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
     let api_error = match &err {
         JsonPayloadError::OverflowKnownLength { length, limit } => {
-            ApiError::PayloadTooLarge(format!("body of {length} bytes is over the limit of {limit} bytes"))
+            ApiError::payload_too_large(format!("body of {length} bytes is over the limit of {limit} bytes"))
         }
         JsonPayloadError::Overflow { limit } => {
-            ApiError::PayloadTooLarge(format!("body is over the limit of {limit} bytes"))
+            ApiError::payload_too_large(format!("body is over the limit of {limit} bytes"))
         }
         JsonPayloadError::Payload(actix_web::error::PayloadError::Overflow) => {
-            ApiError::PayloadTooLarge("body is over the size limit".to_owned())
+            ApiError::payload_too_large("body is over the size limit".to_owned())
         }
         // Refused for its size, as the node refuses a batch over the limit.
         JsonPayloadError::Deserialize(e) if e.to_string().starts_with(RECORDS_OVER_A_BATCH) => {
-            ApiError::Rejected(e.to_string())
+            ApiError::rejected(e.to_string())
         }
-        JsonPayloadError::Deserialize(e) => ApiError::BadRequest(format!(
+        JsonPayloadError::Deserialize(e) => ApiError::bad_request(format!(
             "body must be a JSON object {{\"records\": [\"text\", ...]}}: {e}"
         )),
-        other => ApiError::BadRequest(format!("cannot read body: {other}")),
+        other => ApiError::bad_request(format!("cannot read body: {other}")),
     };
     api_error.into()
 }
@@ -347,14 +347,16 @@ fn records_of_one_batch<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Re
 async fn append<N: NodeApi>(req: HttpRequest, body: web::Json<AppendRequest>) -> Result<HttpResponse, ApiError> {
     let records = body.into_inner().records;
     if records.is_empty() {
-        return Err(ApiError::BadRequest("records must hold at least one record".to_owned()));
+        return Err(ApiError::bad_request(
+            "records must hold at least one record".to_owned(),
+        ));
     }
     let records = records.into_iter().map(String::into_bytes).collect();
     // Resolves only at commit. Any failure after hand-over comes back as
     // OutcomeUnknown and is passed on as such, never retried.
     let funnel = req
         .app_data::<Rc<AppendFunnel<N>>>()
-        .ok_or_else(|| ApiError::Unavailable("no append funnel on this worker".to_owned()))?;
+        .ok_or_else(|| ApiError::unavailable("no append funnel on this worker".to_owned()))?;
     let appended = funnel.append(records).await?;
     Ok(HttpResponse::Ok().json(appended))
 }
@@ -375,7 +377,7 @@ async fn log<N: NodeApi>(node: web::Data<N>, params: web::Query<LogParams>) -> R
             // A count too large for u64 is still a count: cap it.
             Err(e) if *e.kind() == IntErrorKind::PosOverflow => LOG_PAGE_MAX,
             Ok(0) | Err(_) => {
-                return Err(ApiError::BadRequest(format!(
+                return Err(ApiError::bad_request(format!(
                     "max: expected a record count of at least 1, got {:?}",
                     truncated(text)
                 )))
@@ -390,7 +392,7 @@ async fn log<N: NodeApi>(node: web::Data<N>, params: web::Query<LogParams>) -> R
         Some(text) => match text.parse::<Offset>() {
             Ok(offset) if offset >= 0 => offset,
             _ => {
-                return Err(ApiError::BadRequest(format!(
+                return Err(ApiError::bad_request(format!(
                     "from: expected an offset (an integer >= 0), got {:?}",
                     truncated(text)
                 )))
