@@ -186,7 +186,9 @@ struct Connection<N> {
     /// listener is stopping: what was read is answered, then the
     /// connection closes.
     reading: bool,
-    /// The next whole frame does not fit in what `in_flight_bytes` leaves.
+    /// The next whole frame waits for answers to go out: it does not fit
+    /// in what `in_flight_bytes` leaves, or it is a `Read` while
+    /// [`MAX_READS_IN_FLIGHT`] are in flight.
     next_frame_waits: bool,
     /// A frame was refused as too large (its rest is still on the way), or
     /// the listener stopped while the client may still be sending: the
