@@ -209,19 +209,7 @@ async fn connection<N: NodeApi>(
     let (mut reader, mut writer) = stream.into_split();
     let idle_timeout = limits.idle_timeout;
     let write_timeout = limits.write_timeout;
-    let mut conn = Connection {
-        node,
-        funnel,
-        limits,
-        input: Vec::new(),
-        consumed: 0,
-        answers: FuturesOrdered::new(),
-        in_flight_bytes: 0,
-        reads_in_flight: 0,
-        reading: true,
-        next_frame_waits: false,
-        linger_on_close: false,
-    };
+    let mut conn = Connection::new(node, funnel, limits);
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
     // While part of a frame is buffered and more is read: when all of it
@@ -332,6 +320,22 @@ async fn linger(mut reader: tokio::net::tcp::OwnedReadHalf, mut writer: tokio::n
 }
 
 impl<N: NodeApi> Connection<N> {
+    fn new(node: N, funnel: Rc<AppendFunnel<N>>, limits: Rc<ClientLimits>) -> Connection<N> {
+        Connection {
+            node,
+            funnel,
+            limits,
+            input: Vec::new(),
+            consumed: 0,
+            answers: FuturesOrdered::new(),
+            in_flight_bytes: 0,
+            reads_in_flight: 0,
+            reading: true,
+            next_frame_waits: false,
+            linger_on_close: false,
+        }
+    }
+
     /// Reading more is allowed: the connection is open for requests, its
     /// bounds have room, and the next frame fits in them.
     fn wants_input(&self) -> bool {
@@ -522,6 +526,8 @@ mod tests {
 
     use tokio::io::AsyncReadExt;
 
+    use proptest::prelude::*;
+
     use super::*;
     use crate::actors::quorum_state::AppendReply;
     use crate::node::{AppendError, Appended, MetricsSnapshot, NodeError, QuorumStatus, RecordPage, SnapshotInfo};
@@ -556,6 +562,105 @@ mod tests {
         }
         async fn create_snapshot(&self) -> Result<SnapshotInfo, NodeError> {
             unimplemented!()
+        }
+    }
+
+    /// What a client may send: frames of every kind, and garbage.
+    fn piece() -> impl Strategy<Value = Vec<u8>> {
+        let records = proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4);
+        prop_oneof![
+            (any::<u64>(), records).prop_map(|(id, records)| frame_of(
+                id,
+                ClientRequest::Append {
+                    records: records.into_iter().map(ByteBuf::from).collect()
+                }
+            )),
+            (any::<u64>(), any::<i64>(), any::<u32>())
+                .prop_map(|(id, from, max)| frame_of(id, ClientRequest::Read { from, max })),
+            any::<u64>().prop_map(|id| frame_of(id, ClientRequest::Quorum)),
+            // A frame of another version, or cut short, or padded.
+            (any::<u64>(), any::<u16>()).prop_map(|(id, version)| {
+                let mut frame = frame_of(id, ClientRequest::Quorum);
+                frame[4..6].copy_from_slice(&version.to_be_bytes());
+                frame
+            }),
+            (any::<u64>(), 0usize..20).prop_map(|(id, cut)| {
+                let mut frame = frame_of(id, ClientRequest::Quorum);
+                let body = frame.len() - 4;
+                let len = body.saturating_sub(cut) as u32;
+                frame.truncate(4 + len as usize);
+                frame[..4].copy_from_slice(&len.to_be_bytes());
+                frame
+            }),
+            // A length prefix and anything after it.
+            (0u32..400, proptest::collection::vec(any::<u8>(), 0..60)).prop_map(|(len, rest)| {
+                let mut frame = len.to_be_bytes().to_vec();
+                frame.extend(rest);
+                frame
+            }),
+            proptest::collection::vec(any::<u8>(), 0..60),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_bytes_decode_to_a_request_or_a_refusal_with_the_frames_id(
+            id in any::<u64>(),
+            version in prop_oneof![Just(CLIENT_PROTOCOL_VERSION), any::<u16>()],
+            body in proptest::collection::vec(any::<u8>(), 0..120),
+            headed in any::<bool>(),
+        ) {
+            let mut frame = Vec::new();
+            if headed {
+                frame.extend(version.to_be_bytes());
+                frame.extend(id.to_be_bytes());
+            }
+            frame.extend(&body);
+            let got = match decode(&frame) {
+                Decoded::Request(got, _) | Decoded::Refused(got, _) => got,
+            };
+            match client::peek_header(&frame) {
+                Some(header) => prop_assert_eq!(got, header.correlation_id),
+                None => prop_assert_eq!(got, 0),
+            }
+        }
+
+        /// Whatever a client sends, cut wherever TCP cuts it, is taken
+        /// apart without a panic and within the connection's bounds.
+        #[test]
+        fn any_stream_is_taken_within_the_bounds(
+            pieces in proptest::collection::vec(piece(), 0..30),
+            cuts in proptest::collection::vec(1usize..200, 1..40),
+        ) {
+            let stream: Vec<u8> = pieces.concat();
+            let limits = ClientLimits {
+                max_frame_bytes: 300,
+                max_in_flight: 8,
+                ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
+            };
+            actix_rt::System::new().block_on(async move {
+                let node = Held::default();
+                let funnel = AppendFunnel::new(node.clone());
+                let mut conn = Connection::new(node, funnel, Rc::new(limits));
+                let mut at = 0;
+                for cut in cuts.iter().cycle() {
+                    if at >= stream.len() || !conn.wants_input() {
+                        break;
+                    }
+                    let end = (at + cut).min(stream.len());
+                    conn.input.extend_from_slice(&stream[at..end]);
+                    at = end;
+                    conn.take_frames();
+                    assert!(conn.answers.len() <= 8, "{} requests in flight", conn.answers.len());
+                    assert!(conn.reads_in_flight <= MAX_READS_IN_FLIGHT);
+                    assert!(conn.in_flight_bytes <= 300, "{} bytes in flight", conn.in_flight_bytes);
+                    // What waits in the buffer is at most one frame and what
+                    // came with it in one read.
+                    assert!(conn.input.len() <= 4 + 300 + 200, "{} bytes buffered", conn.input.len());
+                }
+            });
         }
     }
 
