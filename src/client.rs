@@ -249,7 +249,7 @@ impl Client {
         self.stream = None;
         Error::Protocol {
             addr: self.addr,
-            reason: format!("an answer of the wrong kind: {answer:?}"),
+            reason: format!("an answer of the wrong kind: {}", answer.kind()),
         }
     }
 }

@@ -891,10 +891,12 @@ impl Ctx<'_> {
         let Some(value) = value else {
             return Ok(default.parse().expect("defaults are valid socket addresses"));
         };
-        let text = self.string(key, &value, SOCKET_ADDR_EXPECTED)?;
-        text.trim()
-            .parse()
-            .map_err(|_| self.invalid(key, &value, SOCKET_ADDR_EXPECTED))
+        self.parse_socket_addr(key, &value, SOCKET_ADDR_EXPECTED)
+    }
+
+    fn parse_socket_addr(&self, key: &str, value: &Value, expected: &str) -> Result<SocketAddr, ConfigError> {
+        let text = self.string(key, value, expected)?;
+        text.trim().parse().map_err(|_| self.invalid(key, value, expected))
     }
 
     /// A socket address, or `None` when the key is absent or empty.
@@ -903,14 +905,10 @@ impl Ctx<'_> {
         let Some(value) = value else {
             return Ok(None);
         };
-        let text = self.string(key, &value, EXPECTED)?;
-        if text.trim().is_empty() {
+        if self.string(key, &value, EXPECTED)?.trim().is_empty() {
             return Ok(None);
         }
-        text.trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| self.invalid(key, &value, EXPECTED))
+        self.parse_socket_addr(key, &value, EXPECTED).map(Some)
     }
 
     /// A list of strings, given as a TOML array or as one comma-separated

@@ -143,8 +143,8 @@ pub(crate) fn serve_here<N: NodeApi>(
     Ok((server, bound))
 }
 
-/// An answer to come: its correlation id, its answer, and the bytes its
-/// request's frame took.
+/// An answer to come: its correlation id, its answer, and what its request
+/// holds of the connection's bounds.
 type Answer = LocalBoxFuture<'static, (u64, ClientResponse, InFlight)>;
 
 /// What a request holds of its connection's bounds until its answer goes

@@ -90,6 +90,19 @@ pub enum ClientError {
     Unavailable(String),
 }
 
+impl ClientResponse {
+    /// The answer's kind, for messages (a page of records is too long to
+    /// print whole).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClientResponse::Appended(_) => "Appended",
+            ClientResponse::Quorum(_) => "Quorum",
+            ClientResponse::Error(_) => "Error",
+            ClientResponse::Records(_) => "Records",
+        }
+    }
+}
+
 impl ClientError {
     /// The stable code, as the HTTP API's `error` field spells it.
     pub fn code(&self) -> &'static str {
@@ -148,23 +161,11 @@ pub fn decode_body<B: serde::de::DeserializeOwned>(frame: &[u8]) -> Result<B, Co
     codec::decode_bounded(body, body.len() as u64)
 }
 
-/// Appends `frame`, length prefix first, to `out`. A frame whose body
-/// takes more than `u32::MAX` bytes cannot be framed: `out` is left as it
-/// was and the error says so.
+/// Appends `frame`, length prefix first, to `out`
+/// ([`codec::encode_frame_into`]: a body over `u32::MAX` bytes is an
+/// error and leaves `out` as it was).
 pub fn encode_frame_into<B: Serialize>(frame: &ClientFrame<B>, out: &mut Vec<u8>) -> Result<(), CodecError> {
-    let prefix_at = out.len();
-    out.extend_from_slice(&[0; 4]);
-    codec::encode_into(frame, out);
-    let body = out.len() - prefix_at - 4;
-    let Ok(len) = u32::try_from(body) else {
-        out.truncate(prefix_at);
-        return Err(CodecError::FrameTooLarge {
-            len: body as u64,
-            limit: u64::from(u32::MAX),
-        });
-    };
-    out[prefix_at..prefix_at + 4].copy_from_slice(&len.to_be_bytes());
-    Ok(())
+    codec::encode_frame_into(frame, out)
 }
 
 #[cfg(test)]

@@ -64,11 +64,27 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
         .expect("in-memory values always encode")
 }
 
-/// Appends the encoding of `value` (as [`encode`]) to `out`.
-pub fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) {
+/// Appends `value` to `out` as one frame: a u32 big-endian length, then
+/// its encoding (as [`encode`]), written in place. A body of more than
+/// `u32::MAX` bytes cannot be framed: `out` is left as it was and the
+/// error says so. The raft listener's frames and the client protocol's
+/// are both made here.
+pub fn encode_frame_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    let prefix_at = out.len();
+    out.extend_from_slice(&[0; 4]);
     options(u64::MAX)
-        .serialize_into(out, value)
-        .expect("in-memory values always encode")
+        .serialize_into(&mut *out, value)
+        .expect("in-memory values always encode");
+    let body = out.len() - prefix_at - 4;
+    let Ok(len) = u32::try_from(body) else {
+        out.truncate(prefix_at);
+        return Err(CodecError::FrameTooLarge {
+            len: body as u64,
+            limit: u64::from(u32::MAX),
+        });
+    };
+    out[prefix_at..prefix_at + 4].copy_from_slice(&len.to_be_bytes());
+    Ok(())
 }
 
 /// Encodes an envelope as one frame: length prefix + body.
@@ -80,10 +96,7 @@ pub fn encode_frame(envelope: &Envelope) -> Vec<u8> {
         .serialized_size(envelope)
         .expect("in-memory values always encode");
     let mut frame = Vec::with_capacity(4 + len as usize);
-    frame.extend_from_slice(&(len as u32).to_be_bytes());
-    options(u64::MAX)
-        .serialize_into(&mut frame, envelope)
-        .expect("in-memory values always encode");
+    encode_frame_into(envelope, &mut frame).expect("an envelope holds at most a few batches of 8 MiB");
     frame
 }
 
