@@ -11,19 +11,24 @@
 //! # }
 //! ```
 //!
-//! A [`Client`] sends one request at a time and waits for its answer; for
-//! requests in parallel, open one client per task (each is one
-//! connection). It works on any tokio runtime. A connection that failed is
-//! opened again by the next request.
+//! A [`Client`] sends one request at a time and waits for its answer. It
+//! works on any tokio runtime. A connection that failed is opened again by
+//! the next request. A [`Producer`] takes appends from any number of tasks
+//! and pipelines them over one connection.
 
+use std::collections::VecDeque;
+use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_bytes::ByteBuf;
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{lookup_host, TcpStream, ToSocketAddrs};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::actors::transport::read_frame;
+use crate::api::MAX_IN_FLIGHT;
 use crate::messages::client::{self, ClientFrame, ClientRequest, ClientResponse, CLIENT_PROTOCOL_VERSION};
 use crate::node::{Appended, QuorumStatus, RecordPage};
 use crate::raft::Offset;
@@ -42,7 +47,7 @@ pub enum Error {
     Node(#[from] ClientError),
     /// The request was not sent whole: the node did nothing with it.
     #[error("cannot reach {addr}: {source}")]
-    NotSent { addr: SocketAddr, source: std::io::Error },
+    NotSent { addr: SocketAddr, source: io::Error },
     /// The request was sent but no answer came (the connection failed or
     /// the node stopped): an append may or may not commit. Not retried.
     #[error("no answer from {addr} to a request it was sent (an append may or may not commit): {reason}")]
@@ -84,7 +89,52 @@ fn still_open(stream: &TcpStream) -> bool {
     // -1 with EAGAIN: nothing to read, the connection is open. 0: the node
     // closed it; any other error: it is broken; a byte: an answer nobody
     // asked for.
-    read < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+    read < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
+}
+
+/// The first address `addr` resolves to.
+async fn resolve<A: ToSocketAddrs>(addr: A) -> Result<SocketAddr, Error> {
+    lookup_host(addr)
+        .await
+        .and_then(|mut addrs| {
+            addrs
+                .next()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::AddrNotAvailable, "resolved to no address"))
+        })
+        .map_err(|source| Error::NotSent {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })
+}
+
+/// A new connection to `addr`.
+async fn open(addr: SocketAddr) -> Result<TcpStream, Error> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|source| Error::NotSent { addr, source })?;
+    // Requests are small and each waits for its answer.
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// The answer that `frame` (without its length prefix) carries for the
+/// request `correlation_id`, or why it is not one.
+fn answer_to(frame: &[u8], correlation_id: u64) -> Result<ClientResponse, String> {
+    let header =
+        client::peek_header(frame).ok_or_else(|| format!("an answer of {} bytes has no header", frame.len()))?;
+    if header.version != CLIENT_PROTOCOL_VERSION {
+        return Err(format!(
+            "an answer of protocol version {}, not {CLIENT_PROTOCOL_VERSION}",
+            header.version
+        ));
+    }
+    if header.correlation_id != correlation_id {
+        return Err(format!(
+            "the answer to request {} came for request {correlation_id}",
+            header.correlation_id
+        ));
+    }
+    client::decode_body(frame).map_err(|err| format!("the answer does not decode: {err}"))
 }
 
 /// One connection to a node's client listener.
@@ -102,26 +152,14 @@ impl Client {
     /// Connects to the client listener at `addr` (the first address it
     /// resolves to).
     pub async fn connect<A: ToSocketAddrs>(addr: A) -> Result<Client, Error> {
-        let resolved = lookup_host(addr).await;
-        let addr = resolved
-            .and_then(|mut addrs| {
-                addrs
-                    .next()
-                    .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "resolved to no address"))
-            })
-            .map_err(|source| Error::NotSent {
-                addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-                source,
-            })?;
-        let mut client = Client {
+        let addr = resolve(addr).await?;
+        Ok(Client {
             addr,
-            stream: None,
+            stream: Some(BufReader::new(open(addr).await?)),
             answered_at: Instant::now(),
             next_correlation_id: 0,
             frame: Vec::new(),
-        };
-        client.stream = Some(client.open().await?);
-        Ok(client)
+        })
     }
 
     /// The address this client sends to.
@@ -163,16 +201,6 @@ impl Client {
         }
     }
 
-    async fn open(&self) -> Result<BufReader<TcpStream>, Error> {
-        let stream = TcpStream::connect(self.addr).await.map_err(|source| Error::NotSent {
-            addr: self.addr,
-            source,
-        })?;
-        // Requests are small and each waits for its answer.
-        let _ = stream.set_nodelay(true);
-        Ok(BufReader::new(stream))
-    }
-
     /// Sends one request and reads its answer. The connection is kept only
     /// if both went through, so that a request dropped half way (a timeout
     /// around it) never leaves a stale answer for the next one.
@@ -184,7 +212,7 @@ impl Client {
             {
                 stream
             }
-            _ => self.open().await?,
+            _ => BufReader::new(open(self.addr).await?),
         };
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
         let correlation_id = self.next_correlation_id;
@@ -198,7 +226,7 @@ impl Client {
             self.stream = Some(stream);
             return Err(Error::NotSent {
                 addr: self.addr,
-                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, err),
+                source: io::Error::new(io::ErrorKind::InvalidInput, err),
             });
         }
         if let Err(source) = stream.get_mut().write_all(&self.frame).await {
@@ -217,23 +245,7 @@ impl Client {
             Ok(None) => return Err(no_answer("the node closed the connection".to_owned())),
             Err(err) => return Err(no_answer(err.to_string())),
         };
-        let protocol = |reason: String| Error::Protocol { addr, reason };
-        let header = client::peek_header(&frame)
-            .ok_or_else(|| protocol(format!("an answer of {} bytes has no header", frame.len())))?;
-        if header.version != CLIENT_PROTOCOL_VERSION {
-            return Err(protocol(format!(
-                "an answer of protocol version {}, not {CLIENT_PROTOCOL_VERSION}",
-                header.version
-            )));
-        }
-        if header.correlation_id != correlation_id {
-            return Err(protocol(format!(
-                "the answer to request {} came for request {correlation_id}",
-                header.correlation_id
-            )));
-        }
-        let answer: ClientResponse =
-            client::decode_body(&frame).map_err(|err| protocol(format!("the answer does not decode: {err}")))?;
+        let answer = answer_to(&frame, correlation_id).map_err(|reason| Error::Protocol { addr, reason })?;
         if let ClientResponse::Error(refusal) = answer {
             // The node closes the connection after this one.
             if !matches!(refusal, ClientError::PayloadTooLarge(_)) {
@@ -251,5 +263,360 @@ impl Client {
             addr: self.addr,
             reason: format!("an answer of the wrong kind: {}", answer.kind()),
         }
+    }
+}
+
+/// Appends queued for a [`Producer`]'s connection, at most; past this,
+/// [`Producer::append`] waits for room.
+const PRODUCER_QUEUE: usize = 1024;
+/// Bytes a producer reads from its connection at a time, at most.
+const READ_BYTES: usize = 64 * 1024;
+/// Largest output buffer a producer keeps once its frames are written.
+const KEPT_OUTPUT_BYTES: usize = 1024 * 1024;
+
+/// Appends from any number of tasks over one connection, pipelined: an
+/// append is written as soon as it is made, without waiting for the
+/// answers of those before it, and up to [`MAX_IN_FLIGHT`] (the listener's
+/// bound) wait for their answers at once. This is how one process gets
+/// the quorum's throughput from a single connection; a [`Client`] waits
+/// for each answer before it sends the next request.
+///
+/// A producer is a handle (clone it for each task) to a task, spawned on
+/// the tokio runtime that called [`Producer::connect`], which owns the
+/// connection. Appends sent to a leader are proposed in the order they
+/// were made, so that of two appends made one after the other (the second
+/// after the first's call began) that both commit, the first has the lower
+/// offsets; an append that fails does not stop those made after it.
+///
+/// When the connection fails, every append waiting for an answer fails:
+/// with [`Error::NotSent`] if its frame had not been wholly written (the
+/// node cannot have taken it), else with [`Error::NoAnswer`] (it may or
+/// may not commit). Nothing is retried. The next append opens a new
+/// connection. The task ends once every handle is dropped and every
+/// answer is in.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), kraft::client::Error> {
+/// let producer = kraft::client::Producer::connect("127.0.0.1:9092").await?;
+/// let appends = (0..100).map(|i| {
+///     let producer = producer.clone();
+///     async move { producer.append(vec![format!("record {i}").into_bytes()]).await }
+/// });
+/// for appended in futures::future::join_all(appends).await {
+///     println!("committed at {}", appended?.base_offset);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Producer {
+    addr: SocketAddr,
+    jobs: mpsc::Sender<Job>,
+}
+
+/// One append on its way to a [`Producer`]'s connection.
+struct Job {
+    records: Vec<ByteBuf>,
+    answer: oneshot::Sender<Result<Appended, Error>>,
+}
+
+impl Producer {
+    /// Connects to the client listener at `addr` (the first address it
+    /// resolves to) and spawns the task that serves the connection on the
+    /// current tokio runtime.
+    pub async fn connect<A: ToSocketAddrs>(addr: A) -> Result<Producer, Error> {
+        let addr = resolve(addr).await?;
+        let stream = open(addr).await?;
+        let (jobs, queue) = mpsc::channel(PRODUCER_QUEUE);
+        let mut pipeline = Pipeline {
+            addr,
+            queue,
+            connection: Some(PipelinedConnection::new(stream)),
+        };
+        tokio::spawn(async move { pipeline.run().await });
+        Ok(Producer { addr, jobs })
+    }
+
+    /// The address this producer sends to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Appends `records` as one batch of data records; resolves once they
+    /// are committed, as [`Client::append`] does.
+    pub async fn append(&self, records: Vec<Vec<u8>>) -> Result<Appended, Error> {
+        let (answer, answered) = oneshot::channel();
+        let job = Job {
+            records: records.into_iter().map(ByteBuf::from).collect(),
+            answer,
+        };
+        let ended = "the producer's connection task has ended";
+        if self.jobs.send(job).await.is_err() {
+            return Err(Error::NotSent {
+                addr: self.addr,
+                source: io::Error::other(ended),
+            });
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(Error::NoAnswer {
+                addr: self.addr,
+                reason: ended.to_owned(),
+            })
+        })
+    }
+}
+
+/// The task behind a [`Producer`].
+struct Pipeline {
+    addr: SocketAddr,
+    queue: mpsc::Receiver<Job>,
+    /// `None` from a failure until an append needs a connection again.
+    connection: Option<PipelinedConnection>,
+}
+
+impl Pipeline {
+    async fn run(&mut self) {
+        // Every handle is dropped: nothing more will be queued.
+        let mut closed = false;
+        loop {
+            let Some(connection) = self.connection.as_mut() else {
+                let Some(job) = self.queue.recv().await else {
+                    return;
+                };
+                match open(self.addr).await {
+                    Ok(stream) => {
+                        let mut connection = PipelinedConnection::new(stream);
+                        connection.push(job, self.addr);
+                        self.connection = Some(connection);
+                    }
+                    Err(err) => {
+                        let _ = job.answer.send(Err(err));
+                    }
+                }
+                continue;
+            };
+            if closed && connection.sent.is_empty() {
+                return;
+            }
+            if connection.input.capacity() - connection.input.len() < READ_BYTES / 4 {
+                connection.input.reserve(READ_BYTES);
+            }
+            let room = connection.sent.len() < MAX_IN_FLIGHT;
+            let unwritten = connection.written < connection.out.len();
+            // Answers first: a close the node sent is seen before more is
+            // written into the connection.
+            let ended = tokio::select! {
+                biased;
+                read = connection.reader.read_buf(&mut connection.input) => match read {
+                    // With nothing pending (the node closes a connection
+                    // idle for long) this fails nothing; the next append
+                    // opens a new connection.
+                    Ok(0) => Some(Ended::Io("the node closed the connection".to_owned())),
+                    Ok(_) => match connection.take_answers() {
+                        Err(reason) => Some(Ended::Protocol(reason)),
+                        // It closes the connection; nothing more sent on it counts.
+                        Ok(()) if connection.refused => Some(Ended::Io("the node closed the connection".to_owned())),
+                        Ok(()) => None,
+                    },
+                    Err(err) => Some(Ended::Io(format!("read failed: {err}"))),
+                },
+                written = connection.writer.write(&connection.out[connection.written..]), if unwritten => match written {
+                    Ok(0) => Some(Ended::Io("the connection takes no more bytes".to_owned())),
+                    Ok(n) => {
+                        connection.wrote(n);
+                        None
+                    }
+                    Err(err) => Some(Ended::Io(format!("write failed: {err}"))),
+                },
+                job = self.queue.recv(), if room && !closed => {
+                    match job {
+                        Some(job) => connection.push(job, self.addr),
+                        None => closed = true,
+                    }
+                    // Whatever else is queued goes out in the same write.
+                    while !closed && connection.sent.len() < MAX_IN_FLIGHT {
+                        match self.queue.try_recv() {
+                            Ok(job) => connection.push(job, self.addr),
+                            Err(mpsc::error::TryRecvError::Empty) => break,
+                            Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
+                        }
+                    }
+                    None
+                }
+            };
+            if let Some(ended) = ended {
+                if let Some(connection) = self.connection.take() {
+                    connection.fail(self.addr, ended);
+                }
+            }
+        }
+    }
+}
+
+/// An append whose frame went into the connection's output.
+struct Sent {
+    correlation_id: u64,
+    /// Where its frame ends in the connection's byte stream: the node has
+    /// all of it once that many bytes are written.
+    ends_at: u64,
+    answer: oneshot::Sender<Result<Appended, Error>>,
+}
+
+struct PipelinedConnection {
+    reader: OwnedReadHalf,
+    writer: OwnedWriteHalf,
+    /// Frames to write; `out[..written]` are written.
+    out: Vec<u8>,
+    written: usize,
+    /// Bytes written over the connection's life.
+    stream_written: u64,
+    /// Bytes read and not yet taken as answers.
+    input: Vec<u8>,
+    /// Appends awaiting their answers, in the order they were sent (the
+    /// order the node answers in).
+    sent: VecDeque<Sent>,
+    /// The node refused a frame as too large: it closes the connection
+    /// and takes nothing sent after that frame.
+    refused: bool,
+    next_correlation_id: u64,
+}
+
+/// Why a producer's connection ended.
+enum Ended {
+    Io(String),
+    /// The node sent what the protocol does not allow.
+    Protocol(String),
+}
+
+impl Ended {
+    fn reason(&self) -> &str {
+        match self {
+            Ended::Io(reason) | Ended::Protocol(reason) => reason,
+        }
+    }
+}
+
+impl PipelinedConnection {
+    fn new(stream: TcpStream) -> PipelinedConnection {
+        let (reader, writer) = stream.into_split();
+        PipelinedConnection {
+            reader,
+            writer,
+            out: Vec::new(),
+            written: 0,
+            stream_written: 0,
+            input: Vec::new(),
+            sent: VecDeque::new(),
+            refused: false,
+            next_correlation_id: 0,
+        }
+    }
+
+    /// Writes `job`'s frame into the output, to go out with the rest.
+    fn push(&mut self, job: Job, addr: SocketAddr) {
+        self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
+        let correlation_id = self.next_correlation_id;
+        let request = ClientFrame {
+            version: CLIENT_PROTOCOL_VERSION,
+            correlation_id,
+            body: ClientRequest::Append { records: job.records },
+        };
+        if let Err(err) = client::encode_frame_into(&request, &mut self.out) {
+            let source = io::Error::new(io::ErrorKind::InvalidInput, err);
+            let _ = job.answer.send(Err(Error::NotSent { addr, source }));
+            return;
+        }
+        self.sent.push_back(Sent {
+            correlation_id,
+            ends_at: self.stream_written + (self.out.len() - self.written) as u64,
+            answer: job.answer,
+        });
+    }
+
+    /// Takes `n` more bytes as written.
+    fn wrote(&mut self, n: usize) {
+        self.written += n;
+        self.stream_written += n as u64;
+        if self.written == self.out.len() {
+            self.out.clear();
+            self.written = 0;
+            if self.out.capacity() > KEPT_OUTPUT_BYTES {
+                self.out = Vec::new();
+            }
+        }
+    }
+
+    /// Ends the connection: every append awaiting its answer fails, as
+    /// not sent when the node cannot have taken it, else with the outcome
+    /// unknown.
+    fn fail(self, addr: SocketAddr, ended: Ended) {
+        let written = self.stream_written;
+        for sent in self.sent {
+            let error = if self.refused || sent.ends_at > written {
+                let why = if self.refused {
+                    "the node refused an earlier frame as too large and takes nothing sent after it".to_owned()
+                } else {
+                    format!("{} before the whole request was written", ended.reason())
+                };
+                Error::NotSent {
+                    addr,
+                    source: io::Error::new(io::ErrorKind::ConnectionAborted, why),
+                }
+            } else {
+                match &ended {
+                    Ended::Io(reason) => Error::NoAnswer {
+                        addr,
+                        reason: reason.clone(),
+                    },
+                    Ended::Protocol(reason) => Error::Protocol {
+                        addr,
+                        reason: reason.clone(),
+                    },
+                }
+            };
+            let _ = sent.answer.send(Err(error));
+        }
+    }
+
+    /// Hands out the answers that `input` holds whole. An answer that does
+    /// not belong to the oldest append awaiting one, or does not decode,
+    /// is an error: the connection is no longer usable.
+    fn take_answers(&mut self) -> Result<(), String> {
+        let mut consumed = 0;
+        loop {
+            let buffered = &self.input[consumed..];
+            let Some(prefix) = buffered.get(..4) else { break };
+            let len = u32::from_be_bytes(prefix.try_into().expect("four bytes")) as u64;
+            if len > MAX_ANSWER_BYTES {
+                return Err(format!(
+                    "an answer of {len} bytes, over the limit of {MAX_ANSWER_BYTES}"
+                ));
+            }
+            let Some(frame) = buffered.get(4..4 + len as usize) else {
+                break;
+            };
+            let Some(sent) = self.sent.pop_front() else {
+                return Err("an answer to no request".to_owned());
+            };
+            let outcome = match answer_to(frame, sent.correlation_id) {
+                Ok(ClientResponse::Appended(appended)) => Ok(appended),
+                Ok(ClientResponse::Error(refusal)) => {
+                    self.refused |= matches!(refusal, ClientError::PayloadTooLarge(_));
+                    Err(Error::Node(refusal))
+                }
+                Ok(other) => {
+                    self.sent.push_front(sent);
+                    return Err(format!("an answer of the wrong kind: {}", other.kind()));
+                }
+                Err(reason) => {
+                    self.sent.push_front(sent);
+                    return Err(reason);
+                }
+            };
+            consumed += 4 + len as usize;
+            let _ = sent.answer.send(outcome);
+        }
+        self.input.drain(..consumed);
+        Ok(())
     }
 }

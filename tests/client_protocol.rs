@@ -11,16 +11,16 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kraft::api::{client_server_here, ClientLimits, LocalServer};
-use kraft::client::{Client, ClientError, Error};
+use kraft::client::{Client, ClientError, Error, Producer};
 use kraft::config::Config;
 use kraft::messages::client::{
     decode_body, encode_frame_into, peek_header, ClientFrame, ClientRequest, ClientResponse, CLIENT_PROTOCOL_VERSION,
 };
 use kraft::messages::Record;
-use kraft::node::{self, NodeHandle};
+use kraft::node::{self, Appended, NodeHandle};
 use serde_bytes::ByteBuf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
 
 /// Longest any condition is waited for.
 const WAIT: Duration = Duration::from_secs(20);
@@ -117,6 +117,36 @@ fn append(values: &[&str]) -> ClientRequest {
 /// Reads one answer: its correlation id and body; `None` at a clean end of
 /// the stream.
 async fn read_answer(stream: &mut TcpStream) -> Option<(u64, ClientResponse)> {
+    read_body(stream).await
+}
+
+/// Reads one request, as a stand-in node: its correlation id and body;
+/// `None` at the end of the stream.
+async fn read_request(stream: &mut TcpStream) -> Option<(u64, ClientRequest)> {
+    read_body(stream).await
+}
+
+/// Writes an answer, as a stand-in node.
+async fn answer(stream: &mut TcpStream, correlation_id: u64, body: ClientResponse) {
+    let mut out = Vec::new();
+    let frame = ClientFrame {
+        version: CLIENT_PROTOCOL_VERSION,
+        correlation_id,
+        body,
+    };
+    encode_frame_into(&frame, &mut out).unwrap();
+    stream.write_all(&out).await.unwrap();
+}
+
+fn appended_at(offset: i64) -> ClientResponse {
+    ClientResponse::Appended(Appended {
+        base_offset: offset,
+        last_offset: offset,
+        epoch: 1,
+    })
+}
+
+async fn read_body<B: serde::de::DeserializeOwned>(stream: &mut TcpStream) -> Option<(u64, B)> {
     let mut prefix = [0u8; 4];
     let read = tokio::time::timeout(WAIT, stream.read_exact(&mut prefix))
         .await
@@ -128,7 +158,7 @@ async fn read_answer(stream: &mut TcpStream) -> Option<(u64, ClientResponse)> {
     stream.read_exact(&mut body).await.expect("a whole answer");
     let header = peek_header(&body).expect("a header");
     assert_eq!(header.version, CLIENT_PROTOCOL_VERSION);
-    Some((header.correlation_id, decode_body(&body).expect("an answer decodes")))
+    Some((header.correlation_id, decode_body(&body).expect("the frame decodes")))
 }
 
 fn bad_request(answer: &ClientResponse) -> &str {
@@ -349,6 +379,188 @@ async fn an_idle_connection_is_closed_and_the_client_opens_a_new_one() {
     // that before it writes, and sends on a new connection (not into the
     // closed one, which would leave the outcome unknown).
     client.append(vec![b"after".to_vec()]).await.unwrap();
+    assert_eq!(served.data_values().await, ["before", "after"]);
+    served.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_producer_commits_the_appends_of_many_tasks_over_one_connection() {
+    let served = Served::leader(default_limits()).await;
+    let producer = Producer::connect(served.addr).await.unwrap();
+    // More than a connection may have in flight: the rest wait their turn.
+    let appends = spawn_appends(&producer, 300);
+    let mut offsets = Vec::new();
+    for outcome in outcomes_of(appends).await {
+        let appended = outcome.expect("every append commits");
+        assert_eq!(appended.base_offset, appended.last_offset);
+        offsets.push(appended.base_offset);
+    }
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 300, "each at an offset of its own");
+    let mut values = served.data_values().await;
+    values.sort_unstable();
+    let mut expected: Vec<String> = (0..300).map(|i| format!("r{i}")).collect();
+    expected.sort_unstable();
+    assert_eq!(values, expected);
+    served.stop().await;
+}
+
+/// A producer connected to a stand-in node, and that node's end of the
+/// connection.
+async fn stand_in_node() -> (Producer, TcpListener, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let producer = Producer::connect(listener.local_addr().unwrap()).await.unwrap();
+    let (node, _) = listener.accept().await.unwrap();
+    (producer, listener, node)
+}
+
+fn spawn_appends(producer: &Producer, n: usize) -> Vec<tokio::task::JoinHandle<Result<Appended, Error>>> {
+    (0..n)
+        .map(|i| {
+            let producer = producer.clone();
+            tokio::spawn(async move { producer.append(vec![format!("r{i}").into_bytes()]).await })
+        })
+        .collect()
+}
+
+async fn outcomes_of(appends: Vec<tokio::task::JoinHandle<Result<Appended, Error>>>) -> Vec<Result<Appended, Error>> {
+    let mut outcomes = Vec::new();
+    for append in appends {
+        outcomes.push(
+            tokio::time::timeout(WAIT, append)
+                .await
+                .expect("an outcome within WAIT")
+                .unwrap(),
+        );
+    }
+    outcomes
+}
+
+/// Reads `n` appends as a stand-in node; their correlation ids.
+async fn read_appends(node: &mut TcpStream, n: usize) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let (id, request) = read_request(node).await.expect("a request");
+        assert!(matches!(request, ClientRequest::Append { .. }), "{request:?}");
+        ids.push(id);
+    }
+    ids
+}
+
+#[actix_rt::test]
+async fn a_producer_sends_appends_without_waiting_for_the_answers_of_those_before() {
+    let (producer, _listener, mut node) = stand_in_node().await;
+    let appends = spawn_appends(&producer, 8);
+    // All eight arrive before any is answered: a producer that waited for
+    // each answer would send only the first.
+    let ids = read_appends(&mut node, 8).await;
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "correlation ids rise: {ids:?}");
+    for (offset, id) in ids.iter().enumerate() {
+        answer(&mut node, *id, appended_at(offset as i64)).await;
+    }
+    let mut offsets: Vec<i64> = outcomes_of(appends)
+        .await
+        .into_iter()
+        .map(|o| o.unwrap().base_offset)
+        .collect();
+    offsets.sort_unstable();
+    assert_eq!(offsets, (0..8).collect::<Vec<i64>>());
+}
+
+#[actix_rt::test]
+async fn when_its_connection_fails_a_producer_fails_the_unanswered_appends_and_reconnects_for_the_next() {
+    let (producer, listener, mut node) = stand_in_node().await;
+    let appends = spawn_appends(&producer, 3);
+    let ids = read_appends(&mut node, 3).await;
+    answer(&mut node, ids[0], appended_at(0)).await;
+    drop(node);
+    let outcomes = outcomes_of(appends).await;
+    assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 1, "{outcomes:?}");
+    // Sent whole and not answered: the outcome is unknown.
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| matches!(o, Err(Error::NoAnswer { .. })))
+            .count(),
+        2,
+        "{outcomes:?}"
+    );
+
+    let next = spawn_appends(&producer, 1);
+    let (mut node, _) = tokio::time::timeout(WAIT, listener.accept()).await.unwrap().unwrap();
+    let (id, _) = read_request(&mut node).await.expect("a request on the new connection");
+    answer(&mut node, id, appended_at(1)).await;
+    assert_eq!(outcomes_of(next).await[0].as_ref().unwrap().base_offset, 1);
+}
+
+#[actix_rt::test]
+async fn after_a_refusal_as_too_large_a_producer_fails_what_it_sent_after_as_not_sent() {
+    let (producer, _listener, mut node) = stand_in_node().await;
+    let appends = spawn_appends(&producer, 3);
+    let ids = read_appends(&mut node, 3).await;
+    // A node that refuses a frame as too large takes nothing sent after
+    // it and closes the connection; this one leaves that to the producer.
+    let refusal = ClientError::PayloadTooLarge("too large".to_owned());
+    answer(&mut node, ids[0], ClientResponse::Error(refusal.clone())).await;
+    let outcomes = outcomes_of(appends).await;
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| matches!(o, Err(Error::Node(e)) if *e == refusal)),
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| matches!(o, Err(Error::NotSent { .. })))
+            .count(),
+        2,
+        "{outcomes:?}"
+    );
+    assert!(
+        read_request(&mut node).await.is_none(),
+        "the producer closed the connection"
+    );
+}
+
+#[actix_rt::test]
+async fn an_answer_for_another_request_fails_a_producers_appends_as_a_protocol_error() {
+    let (producer, _listener, mut node) = stand_in_node().await;
+    let appends = spawn_appends(&producer, 2);
+    read_appends(&mut node, 2).await;
+    answer(&mut node, 999, appended_at(0)).await;
+    let outcomes = outcomes_of(appends).await;
+    assert!(
+        outcomes.iter().all(|o| matches!(o, Err(Error::Protocol { .. }))),
+        "{outcomes:?}"
+    );
+}
+
+#[actix_rt::test]
+async fn an_append_not_written_whole_when_the_connection_fails_is_not_sent() {
+    let (producer, _listener, node) = stand_in_node().await;
+    // Far more than the two sockets' buffers hold, to a node that reads
+    // nothing and closes.
+    let large = producer.clone();
+    let append = tokio::spawn(async move { large.append(vec![vec![b'x'; 64 << 20]]).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(node);
+    let outcome = outcomes_of(vec![append]).await.remove(0);
+    assert!(matches!(outcome, Err(Error::NotSent { .. })), "{outcome:?}");
+}
+
+#[actix_rt::test]
+async fn a_producer_whose_idle_connection_the_node_closed_opens_a_new_one() {
+    let limits = ClientLimits {
+        idle_timeout: Duration::from_millis(200),
+        ..default_limits()
+    };
+    let served = Served::leader(limits).await;
+    let producer = Producer::connect(served.addr).await.unwrap();
+    producer.append(vec![b"before".to_vec()]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    producer.append(vec![b"after".to_vec()]).await.unwrap();
     assert_eq!(served.data_values().await, ["before", "after"]);
     served.stop().await;
 }

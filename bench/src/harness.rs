@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::disk::{self, MachineLimits};
 use crate::etcd::{self, EtcdCluster, PutClient};
 use crate::http_stub::StubServer;
-use crate::kraft_cluster::{self, AppendClient, KraftCluster, NativeAppendClient};
+use crate::kraft_cluster::{self, AppendClient, KraftCluster, NativeAppendClient, ProducerAppendClient};
 use crate::load::{self, LoadResult, Window};
 use crate::plot;
 use crate::procs;
@@ -25,6 +25,8 @@ pub struct ClusterOptions {
     pub peers: bool,
     /// Also drive kraft through its client protocol (`listeners.client`).
     pub native: bool,
+    /// Also drive kraft through one pipelined connection for all clients.
+    pub producer: bool,
     pub http_ceiling: bool,
     pub window: Window,
     pub concurrency: Vec<usize>,
@@ -45,6 +47,10 @@ pub enum System {
     /// kraft through its client protocol instead of HTTP.
     #[serde(rename = "kraft native")]
     KraftNative,
+    /// kraft through its client protocol, every client sharing one
+    /// pipelined connection (`kraft::client::Producer`).
+    #[serde(rename = "kraft producer")]
+    KraftProducer,
     #[serde(rename = "etcd")]
     Etcd,
     #[serde(rename = "ZooKeeper")]
@@ -56,13 +62,14 @@ pub enum System {
 
 impl System {
     pub fn is_kraft(self) -> bool {
-        matches!(self, System::Kraft | System::KraftNative)
+        matches!(self, System::Kraft | System::KraftNative | System::KraftProducer)
     }
 
     pub fn name(self) -> &'static str {
         match self {
             System::Kraft => "kraft",
             System::KraftNative => "kraft native",
+            System::KraftProducer => "kraft producer",
             System::Etcd => "etcd",
             System::ZooKeeper => "ZooKeeper",
             System::HttpStub => "HTTP stub",
@@ -162,6 +169,9 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
     let mut systems = vec![System::Kraft];
     if options.native {
         systems.push(System::KraftNative);
+    }
+    if options.producer {
+        systems.push(System::KraftProducer);
     }
     if options.peers {
         systems.extend([System::Etcd, System::ZooKeeper]);
@@ -382,6 +392,20 @@ pub async fn measure_point(
                     .collect();
                 Ok(load::run(clients, window, &cluster.pids()).await)
             }
+            System::KraftProducer => {
+                let mut cluster = KraftCluster::start_native(&installed.kraft, root)?;
+                let addr: SocketAddr = cluster.wait_for_native_leader().await?;
+                leader = Some(format!(
+                    "{addr} (the leader's client listener, one connection for every client)"
+                ));
+                let producer = kraft::client::Producer::connect(addr)
+                    .await
+                    .with_context(|| format!("cannot connect a producer to {addr}"))?;
+                let clients = (0..concurrency)
+                    .map(|i| ProducerAppendClient::new(producer.clone(), i, values))
+                    .collect();
+                Ok(load::run(clients, window, &cluster.pids()).await)
+            }
             System::Etcd => {
                 let bin = installed.etcd.as_ref().context("etcd not located")?;
                 let mut cluster = EtcdCluster::start(bin, root)?;
@@ -435,7 +459,7 @@ pub async fn measure_point(
 
 pub fn print_header() {
     println!(
-        "{:<12} {:>3} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>11} {:>11} {:>10}",
+        "{:<14} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>11} {:>11} {:>10}",
         "system",
         "C",
         "ops/s",
@@ -452,7 +476,7 @@ pub fn print_header() {
 
 fn print_row(system: System, concurrency: usize, r: &LoadResult, fsync_ms: Option<f64>) {
     println!(
-        "{:<12} {:>3} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>9.1} {:>7} {:>11} {:>11} {:>10}",
+        "{:<14} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>9.1} {:>7} {:>11} {:>11} {:>10}",
         system.name(),
         concurrency,
         r.ops_per_sec,
@@ -475,7 +499,7 @@ pub fn print_point(point: &PointRecord) {
                 println!("{:>17} error x{count}: {message}", "");
             }
         }
-        (None, Some(e)) => println!("{:<12} {:>3}  FAILED: {e}", point.system.name(), point.concurrency),
+        (None, Some(e)) => println!("{:<14} {:>4}  FAILED: {e}", point.system.name(), point.concurrency),
         (None, None) => {}
     }
 }
@@ -498,14 +522,15 @@ fn result_of(point: &PointRecord) -> &LoadResult {
     point.result.as_ref().expect("filtered on results")
 }
 
-/// kraft against every peer, and kraft native against every other system
-/// (kraft over HTTP included).
+/// kraft against every peer, kraft native against every other system
+/// (kraft over HTTP included), and kraft producer against every other
+/// system (both other krafts included).
 fn ratios(points: &[PointRecord], systems: &[System], levels: &[usize]) -> Vec<Ratio> {
     let mut ratios = Vec::new();
     let pairs = systems.iter().filter(|s| s.is_kraft()).flat_map(|&kraft| {
         systems
             .iter()
-            .filter(move |&&peer| peer != kraft && !(kraft == System::Kraft && peer.is_kraft()))
+            .filter(move |&&peer| peer != kraft && !(peer.is_kraft() && kraft_rank(peer) > kraft_rank(kraft)))
             .map(move |&peer| (kraft, peer))
     });
     for (kraft_system, peer) in pairs {
@@ -528,23 +553,91 @@ fn ratios(points: &[PointRecord], systems: &[System], levels: &[usize]) -> Vec<R
     ratios
 }
 
+/// The order in which the krafts are compared with one another: each with
+/// those before it.
+fn kraft_rank(system: System) -> usize {
+    match system {
+        System::Kraft => 0,
+        System::KraftNative => 1,
+        System::KraftProducer => 2,
+        _ => usize::MAX,
+    }
+}
+
 fn print_ratios(ratios: &[Ratio]) {
     if ratios.is_empty() {
         return;
     }
     println!("\n== kraft / peer, point by point (ops/s: above 1 = kraft faster; p99: below 1 = kraft lower)");
-    println!("{:<26} {:>5} {:>12} {:>12}", "", "C", "ops/s ratio", "p99 ratio");
+    println!("{:<28} {:>5} {:>12} {:>12}", "", "C", "ops/s ratio", "p99 ratio");
     let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     for r in ratios {
         println!(
-            "{:<26} {:>5} {:>12} {:>12}",
+            "{:<28} {:>5} {:>12} {:>12}",
             format!("{}/{}", r.kraft.name(), r.peer.name()),
             r.concurrency,
             show(r.ops_per_sec),
             show(r.p99)
         );
     }
+    if ratios.iter().any(|r| r.kraft == System::KraftProducer) {
+        println!("(kraft producer: all C clients share one pipelined connection, not one connection each as the comparison with the peers asks)");
+    }
     if ratios.iter().any(|r| r.peer == System::HttpStub) {
         println!("(kraft/HTTP stub: the share of the HTTP ceiling kraft reaches; the stub answers at once, no quorum, no disk)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(system: System, ops_per_sec: f64) -> PointRecord {
+        PointRecord {
+            system,
+            concurrency: 8,
+            run: 1,
+            leader: None,
+            fdatasync_p50_ms_before: None,
+            result: Some(LoadResult {
+                concurrency: 8,
+                window_secs: 1.0,
+                ops: ops_per_sec as u64,
+                records: ops_per_sec as u64,
+                errors: 0,
+                ops_per_sec,
+                records_per_sec: ops_per_sec,
+                latency_ms: load::Latency::default(),
+                server_cpu_cores: 0.0,
+                client_cpu_cores: 0.0,
+                error_samples: Default::default(),
+            }),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn each_kraft_is_compared_with_the_peers_and_with_the_krafts_before_it() {
+        let systems = [System::Kraft, System::KraftNative, System::KraftProducer, System::Etcd];
+        let points: Vec<_> = systems
+            .iter()
+            .zip([100.0, 200.0, 400.0, 50.0])
+            .map(|(&system, ops)| point(system, ops))
+            .collect();
+        let found: Vec<_> = ratios(&points, &systems, &[8])
+            .iter()
+            .map(|r| (r.kraft.name(), r.peer.name(), r.ops_per_sec.unwrap()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("kraft", "etcd", 2.0),
+                ("kraft native", "kraft", 2.0),
+                ("kraft native", "etcd", 4.0),
+                ("kraft producer", "kraft", 4.0),
+                ("kraft producer", "kraft native", 2.0),
+                ("kraft producer", "etcd", 8.0),
+            ]
+        );
     }
 }

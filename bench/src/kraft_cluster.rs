@@ -464,3 +464,35 @@ impl load::Client for NativeAppendClient {
             .map_err(|e| e.to_string())
     }
 }
+
+/// One closed-loop client of a [`kraft::client::Producer`] shared by every
+/// client: one record per append, all over the producer's one connection.
+pub struct ProducerAppendClient {
+    producer: kraft::client::Producer,
+    id: usize,
+    seq: u64,
+    value_bytes: usize,
+}
+
+impl ProducerAppendClient {
+    pub fn new(producer: kraft::client::Producer, id: usize, value_bytes: usize) -> ProducerAppendClient {
+        ProducerAppendClient {
+            producer,
+            id,
+            seq: 0,
+            value_bytes,
+        }
+    }
+}
+
+impl load::Client for ProducerAppendClient {
+    async fn request(&mut self) -> Result<u64, String> {
+        self.seq += 1;
+        let value = load::payload(self.id, self.seq, self.value_bytes);
+        self.producer
+            .append(vec![value.into_bytes()])
+            .await
+            .map(|_| 1)
+            .map_err(|e| e.to_string())
+    }
+}

@@ -109,6 +109,9 @@ struct ClusterArgs {
     /// Also drive kraft through its client protocol (listeners.client, kraft::client) instead of HTTP, as the system "kraft native".
     #[arg(long)]
     native: bool,
+    /// Also drive kraft with every client sharing one pipelined connection (kraft::client::Producer), as the system "kraft producer".
+    #[arg(long)]
+    producer: bool,
     /// Measured seconds per point.
     #[arg(long, default_value_t = 15.0)]
     duration_secs: f64,
@@ -332,6 +335,7 @@ fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
     let options = harness::ClusterOptions {
         peers: args.peers,
         native: args.native,
+        producer: args.producer,
         http_ceiling: args.http_ceiling,
         runs: args.runs,
         kraft_bin: args.kraft_bin,
@@ -388,6 +392,7 @@ fn kraft_only(
     Ok(harness::ClusterOptions {
         peers: false,
         native: false,
+        producer: false,
         http_ceiling: false,
         window: window(warmup_secs, duration_secs)?,
         concurrency,
