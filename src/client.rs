@@ -107,11 +107,14 @@ async fn resolve<A: ToSocketAddrs>(addr: A) -> Result<SocketAddr, Error> {
         })
 }
 
-/// A new connection to `addr`.
-async fn open(addr: SocketAddr) -> Result<TcpStream, Error> {
-    let stream = TcpStream::connect(addr)
+/// Longest a connection attempt may take, by default.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A new connection to `addr`, within `timeout`.
+async fn open(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
-        .map_err(|source| Error::NotSent { addr, source })?;
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("no connection within {timeout:?}")))??;
     // Requests are small and each waits for its answer.
     let _ = stream.set_nodelay(true);
     Ok(stream)
@@ -155,7 +158,11 @@ impl Client {
         let addr = resolve(addr).await?;
         Ok(Client {
             addr,
-            stream: Some(BufReader::new(open(addr).await?)),
+            stream: Some(BufReader::new(
+                open(addr, CONNECT_TIMEOUT)
+                    .await
+                    .map_err(|source| Error::NotSent { addr, source })?,
+            )),
             answered_at: Instant::now(),
             next_correlation_id: 0,
             frame: Vec::new(),
@@ -212,7 +219,14 @@ impl Client {
             {
                 stream
             }
-            _ => BufReader::new(open(self.addr).await?),
+            _ => BufReader::new(
+                open(self.addr, CONNECT_TIMEOUT)
+                    .await
+                    .map_err(|source| Error::NotSent {
+                        addr: self.addr,
+                        source,
+                    })?,
+            ),
         };
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
         let correlation_id = self.next_correlation_id;
@@ -269,10 +283,33 @@ impl Client {
 /// Appends queued for a [`Producer`]'s connection, at most; past this,
 /// [`Producer::append`] waits for room.
 const PRODUCER_QUEUE: usize = 1024;
-/// Bytes a producer reads from its connection at a time, at most.
+/// Room a producer's read buffer is given whenever it runs low.
 const READ_BYTES: usize = 64 * 1024;
 /// Largest output buffer a producer keeps once its frames are written.
 const KEPT_OUTPUT_BYTES: usize = 1024 * 1024;
+
+/// How a [`Producer`] waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProducerOptions {
+    /// Longest a connection attempt may take ([`CONNECT_TIMEOUT`], 10 s).
+    pub connect_timeout: Duration,
+    /// Longest the oldest append on a connection may wait for its answer
+    /// (30 s by default, as Kafka's `request.timeout.ms`). Past it the
+    /// node is taken for unreachable: the connection is closed, its appends
+    /// fail as the connection's failure makes them fail, and the next
+    /// append opens a new one. A node answers an append when it commits,
+    /// or with an error when it cannot: within seconds while it runs.
+    pub answer_timeout: Duration,
+}
+
+impl Default for ProducerOptions {
+    fn default() -> Self {
+        ProducerOptions {
+            connect_timeout: CONNECT_TIMEOUT,
+            answer_timeout: Duration::from_secs(30),
+        }
+    }
+}
 
 /// Appends from any number of tasks over one connection, pipelined: an
 /// append is written as soon as it is made, without waiting for the
@@ -283,17 +320,24 @@ const KEPT_OUTPUT_BYTES: usize = 1024 * 1024;
 ///
 /// A producer is a handle (clone it for each task) to a task, spawned on
 /// the tokio runtime that called [`Producer::connect`], which owns the
-/// connection. Appends sent to a leader are proposed in the order they
-/// were made, so that of two appends made one after the other (the second
-/// after the first's call began) that both commit, the first has the lower
-/// offsets; an append that fails does not stop those made after it.
+/// connection. Appends written over one connection to a leader are
+/// proposed in the order they were made: of two appends made one after the
+/// other (the second after the first's call began) that both commit on one
+/// connection, the first has the lower offsets. An append that fails does
+/// not stop those made after it. (One whose outcome is unknown after its
+/// connection failed may still be taken by the node after appends sent on
+/// the next connection.) An append whose caller stopped waiting before it
+/// was written is not sent.
 ///
-/// When the connection fails, every append waiting for an answer fails:
-/// with [`Error::NotSent`] if its frame had not been wholly written (the
-/// node cannot have taken it), else with [`Error::NoAnswer`] (it may or
-/// may not commit). Nothing is retried. The next append opens a new
-/// connection. The task ends once every handle is dropped and every
-/// answer is in.
+/// When the connection fails, or the oldest append waits longer than
+/// [`ProducerOptions::answer_timeout`], every append waiting for an answer
+/// fails: with [`Error::NotSent`] if the node cannot have taken it (its
+/// frame was not wholly written, or it was sent after a frame the node
+/// refused as too large), else with [`Error::NoAnswer`] or
+/// [`Error::Protocol`] (it may or may not commit). Nothing is retried. The
+/// next append opens a new connection; when that fails, it and every
+/// append queued behind it fail [`Error::NotSent`]. The task ends once
+/// every handle is dropped and every answer is in.
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), kraft::client::Error> {
@@ -325,11 +369,19 @@ impl Producer {
     /// resolves to) and spawns the task that serves the connection on the
     /// current tokio runtime.
     pub async fn connect<A: ToSocketAddrs>(addr: A) -> Result<Producer, Error> {
+        Producer::connect_with(addr, ProducerOptions::default()).await
+    }
+
+    /// [`Producer::connect`] with other timeouts.
+    pub async fn connect_with<A: ToSocketAddrs>(addr: A, options: ProducerOptions) -> Result<Producer, Error> {
         let addr = resolve(addr).await?;
-        let stream = open(addr).await?;
+        let stream = open(addr, options.connect_timeout)
+            .await
+            .map_err(|source| Error::NotSent { addr, source })?;
         let (jobs, queue) = mpsc::channel(PRODUCER_QUEUE);
         let mut pipeline = Pipeline {
             addr,
+            options,
             queue,
             connection: Some(PipelinedConnection::new(stream)),
         };
@@ -369,6 +421,7 @@ impl Producer {
 /// The task behind a [`Producer`].
 struct Pipeline {
     addr: SocketAddr,
+    options: ProducerOptions,
     queue: mpsc::Receiver<Job>,
     /// `None` from a failure until an append needs a connection again.
     connection: Option<PipelinedConnection>,
@@ -378,25 +431,45 @@ impl Pipeline {
     async fn run(&mut self) {
         // Every handle is dropped: nothing more will be queued.
         let mut closed = false;
+        let answer_timeout = self.options.answer_timeout;
+        // When the oldest append awaiting its answer must have it, as
+        // armed in `answer_deadline`.
+        let mut armed: Option<Instant> = None;
+        let answer_deadline = tokio::time::sleep(answer_timeout);
+        tokio::pin!(answer_deadline);
         loop {
             let Some(connection) = self.connection.as_mut() else {
                 let Some(job) = self.queue.recv().await else {
                     return;
                 };
-                match open(self.addr).await {
+                match open(self.addr, self.options.connect_timeout).await {
                     Ok(stream) => {
                         let mut connection = PipelinedConnection::new(stream);
                         connection.push(job, self.addr);
                         self.connection = Some(connection);
                     }
                     Err(err) => {
-                        let _ = job.answer.send(Err(err));
+                        // The appends queued meanwhile would each wait for
+                        // an attempt of their own.
+                        let not_sent = || Error::NotSent {
+                            addr: self.addr,
+                            source: io::Error::new(err.kind(), err.to_string()),
+                        };
+                        let _ = job.answer.send(Err(not_sent()));
+                        while let Ok(job) = self.queue.try_recv() {
+                            let _ = job.answer.send(Err(not_sent()));
+                        }
                     }
                 }
                 continue;
             };
             if closed && connection.sent.is_empty() {
                 return;
+            }
+            let deadline = connection.sent.front().map(|sent| sent.sent_at + answer_timeout);
+            if let Some(at) = deadline.filter(|_| deadline != armed) {
+                answer_deadline.as_mut().reset(at.into());
+                armed = deadline;
             }
             if connection.input.capacity() - connection.input.len() < READ_BYTES / 4 {
                 connection.input.reserve(READ_BYTES);
@@ -420,6 +493,9 @@ impl Pipeline {
                     },
                     Err(err) => Some(Ended::Io(format!("read failed: {err}"))),
                 },
+                () = &mut answer_deadline, if deadline.is_some() => {
+                    Some(Ended::Io(format!("no answer within {answer_timeout:?}")))
+                }
                 written = connection.writer.write(&connection.out[connection.written..]), if unwritten => match written {
                     Ok(0) => Some(Ended::Io("the connection takes no more bytes".to_owned())),
                     Ok(n) => {
@@ -459,6 +535,8 @@ struct Sent {
     /// Where its frame ends in the connection's byte stream: the node has
     /// all of it once that many bytes are written.
     ends_at: u64,
+    /// When it went into the output.
+    sent_at: Instant,
     answer: oneshot::Sender<Result<Appended, Error>>,
 }
 
@@ -514,6 +592,10 @@ impl PipelinedConnection {
 
     /// Writes `job`'s frame into the output, to go out with the rest.
     fn push(&mut self, job: Job, addr: SocketAddr) {
+        if job.answer.is_closed() {
+            // Its caller stopped waiting.
+            return;
+        }
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
         let correlation_id = self.next_correlation_id;
         let request = ClientFrame {
@@ -529,11 +611,13 @@ impl PipelinedConnection {
         self.sent.push_back(Sent {
             correlation_id,
             ends_at: self.stream_written + (self.out.len() - self.written) as u64,
+            sent_at: Instant::now(),
             answer: job.answer,
         });
     }
 
-    /// Takes `n` more bytes as written.
+    /// Takes `n` more bytes as written. The output keeps only what is not
+    /// written yet (at most [`MAX_IN_FLIGHT`] frames) and as much again.
     fn wrote(&mut self, n: usize) {
         self.written += n;
         self.stream_written += n as u64;
@@ -543,6 +627,9 @@ impl PipelinedConnection {
             if self.out.capacity() > KEPT_OUTPUT_BYTES {
                 self.out = Vec::new();
             }
+        } else if self.written > self.out.len() / 2 {
+            self.out.drain(..self.written);
+            self.written = 0;
         }
     }
 
@@ -618,5 +705,53 @@ impl PipelinedConnection {
         }
         self.input.drain(..consumed);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_producers_output_keeps_only_what_is_not_written_yet() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut connection = PipelinedConnection::new(TcpStream::connect(addr).await.unwrap());
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let (answer, answered) = oneshot::channel();
+            answers.push(answered);
+            let records = vec![ByteBuf::from(vec![0u8; 1000])];
+            connection.push(Job { records, answer }, addr);
+        }
+        let frame = connection.out.len() / 3;
+        assert_eq!(connection.sent[2].ends_at, 3 * frame as u64);
+        // Two frames of three written: only the third is kept.
+        connection.wrote(2 * frame);
+        assert_eq!((connection.out.len(), connection.written), (frame, 0));
+        assert_eq!(connection.stream_written, 2 * frame as u64);
+        // Less than half of what is kept written: nothing moves.
+        connection.wrote(frame / 4);
+        assert_eq!((connection.out.len(), connection.written), (frame, frame / 4));
+        connection.wrote(frame - frame / 4);
+        assert_eq!((connection.out.len(), connection.written), (0, 0));
+        assert_eq!(connection.stream_written, 3 * frame as u64);
+    }
+
+    #[tokio::test]
+    async fn an_append_whose_caller_stopped_waiting_is_not_sent() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut connection = PipelinedConnection::new(TcpStream::connect(addr).await.unwrap());
+        let (answer, answered) = oneshot::channel();
+        drop(answered);
+        connection.push(
+            Job {
+                records: vec![ByteBuf::from(b"x".to_vec())],
+                answer,
+            },
+            addr,
+        );
+        assert!(connection.out.is_empty() && connection.sent.is_empty());
     }
 }

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kraft::api::{client_server_here, ClientLimits, LocalServer};
-use kraft::client::{Client, ClientError, Error, Producer};
+use kraft::client::{Client, ClientError, Error, Producer, ProducerOptions};
 use kraft::config::Config;
 use kraft::messages::client::{
     decode_body, encode_frame_into, peek_header, ClientFrame, ClientRequest, ClientResponse, CLIENT_PROTOCOL_VERSION,
@@ -437,15 +437,20 @@ async fn outcomes_of(appends: Vec<tokio::task::JoinHandle<Result<Appended, Error
     outcomes
 }
 
-/// Reads `n` appends as a stand-in node; their correlation ids.
-async fn read_appends(node: &mut TcpStream, n: usize) -> Vec<u64> {
-    let mut ids = Vec::new();
+/// Reads `n` appends of [`spawn_appends`] as a stand-in node: the
+/// correlation id of each and the index of the task that made it (from its
+/// record, `r<index>`).
+async fn read_appends(node: &mut TcpStream, n: usize) -> Vec<(u64, usize)> {
+    let mut appends = Vec::new();
     for _ in 0..n {
         let (id, request) = read_request(node).await.expect("a request");
-        assert!(matches!(request, ClientRequest::Append { .. }), "{request:?}");
-        ids.push(id);
+        let ClientRequest::Append { records } = request else {
+            panic!("not an append: {request:?}");
+        };
+        let record = String::from_utf8(records[0].to_vec()).unwrap();
+        appends.push((id, record[1..].parse().expect("a record r<index>")));
     }
-    ids
+    appends
 }
 
 #[actix_rt::test]
@@ -454,29 +459,30 @@ async fn a_producer_sends_appends_without_waiting_for_the_answers_of_those_befor
     let appends = spawn_appends(&producer, 8);
     // All eight arrive before any is answered: a producer that waited for
     // each answer would send only the first.
-    let ids = read_appends(&mut node, 8).await;
-    assert!(ids.windows(2).all(|w| w[0] < w[1]), "correlation ids rise: {ids:?}");
-    for (offset, id) in ids.iter().enumerate() {
-        answer(&mut node, *id, appended_at(offset as i64)).await;
+    let sent = read_appends(&mut node, 8).await;
+    assert!(
+        sent.windows(2).all(|w| w[0].0 < w[1].0),
+        "correlation ids rise: {sent:?}"
+    );
+    // Each answered with its task's index as offset: each task must get
+    // its own answer.
+    for &(id, task) in &sent {
+        answer(&mut node, id, appended_at(task as i64)).await;
     }
-    let mut offsets: Vec<i64> = outcomes_of(appends)
-        .await
-        .into_iter()
-        .map(|o| o.unwrap().base_offset)
-        .collect();
-    offsets.sort_unstable();
-    assert_eq!(offsets, (0..8).collect::<Vec<i64>>());
+    for (task, outcome) in outcomes_of(appends).await.into_iter().enumerate() {
+        assert_eq!(outcome.unwrap().base_offset, task as i64);
+    }
 }
 
 #[actix_rt::test]
 async fn when_its_connection_fails_a_producer_fails_the_unanswered_appends_and_reconnects_for_the_next() {
     let (producer, listener, mut node) = stand_in_node().await;
     let appends = spawn_appends(&producer, 3);
-    let ids = read_appends(&mut node, 3).await;
-    answer(&mut node, ids[0], appended_at(0)).await;
+    let sent = read_appends(&mut node, 3).await;
+    answer(&mut node, sent[0].0, appended_at(0)).await;
     drop(node);
     let outcomes = outcomes_of(appends).await;
-    assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 1, "{outcomes:?}");
+    assert!(outcomes[sent[0].1].is_ok(), "{outcomes:?}");
     // Sent whole and not answered: the outcome is unknown.
     assert_eq!(
         outcomes
@@ -498,16 +504,14 @@ async fn when_its_connection_fails_a_producer_fails_the_unanswered_appends_and_r
 async fn after_a_refusal_as_too_large_a_producer_fails_what_it_sent_after_as_not_sent() {
     let (producer, _listener, mut node) = stand_in_node().await;
     let appends = spawn_appends(&producer, 3);
-    let ids = read_appends(&mut node, 3).await;
+    let sent = read_appends(&mut node, 3).await;
     // A node that refuses a frame as too large takes nothing sent after
     // it and closes the connection; this one leaves that to the producer.
     let refusal = ClientError::PayloadTooLarge("too large".to_owned());
-    answer(&mut node, ids[0], ClientResponse::Error(refusal.clone())).await;
+    answer(&mut node, sent[0].0, ClientResponse::Error(refusal.clone())).await;
     let outcomes = outcomes_of(appends).await;
     assert!(
-        outcomes
-            .iter()
-            .any(|o| matches!(o, Err(Error::Node(e)) if *e == refusal)),
+        matches!(&outcomes[sent[0].1], Err(Error::Node(e)) if *e == refusal),
         "{outcomes:?}"
     );
     assert_eq!(
@@ -563,4 +567,56 @@ async fn a_producer_whose_idle_connection_the_node_closed_opens_a_new_one() {
     producer.append(vec![b"after".to_vec()]).await.unwrap();
     assert_eq!(served.data_values().await, ["before", "after"]);
     served.stop().await;
+}
+
+#[actix_rt::test]
+async fn when_the_node_cannot_be_reached_a_producers_queued_appends_fail_as_not_sent() {
+    let (producer, listener, node) = stand_in_node().await;
+    drop(listener);
+    drop(node);
+    // Let the producer see the close (an append sent meanwhile would end
+    // NoAnswer: written whole before the close was seen).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let outcomes = outcomes_of(spawn_appends(&producer, 5)).await;
+    assert!(
+        outcomes.iter().all(|o| matches!(o, Err(Error::NotSent { .. }))),
+        "{outcomes:?}"
+    );
+}
+
+#[actix_rt::test]
+async fn a_producer_takes_a_node_that_does_not_answer_in_time_for_unreachable_and_reconnects() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let options = ProducerOptions {
+        answer_timeout: Duration::from_millis(300),
+        ..ProducerOptions::default()
+    };
+    let producer = Producer::connect_with(listener.local_addr().unwrap(), options)
+        .await
+        .unwrap();
+    let (mut silent, _) = listener.accept().await.unwrap();
+    let appends = spawn_appends(&producer, 2);
+    read_appends(&mut silent, 2).await;
+    let outcomes = outcomes_of(appends).await;
+    assert!(
+        outcomes.iter().all(|o| matches!(o, Err(Error::NoAnswer { .. }))),
+        "{outcomes:?}"
+    );
+    assert!(
+        read_request(&mut silent).await.is_none(),
+        "the producer closed the connection"
+    );
+
+    let next = spawn_appends(&producer, 1);
+    let (mut node, _) = tokio::time::timeout(WAIT, listener.accept()).await.unwrap().unwrap();
+    let (id, _) = read_request(&mut node).await.expect("a request on the new connection");
+    answer(&mut node, id, appended_at(7)).await;
+    assert_eq!(outcomes_of(next).await[0].as_ref().unwrap().base_offset, 7);
+}
+
+#[actix_rt::test]
+async fn a_producer_closes_its_connection_once_every_handle_is_dropped() {
+    let (producer, _listener, mut node) = stand_in_node().await;
+    drop(producer);
+    assert!(read_request(&mut node).await.is_none());
 }
