@@ -300,6 +300,13 @@ pub struct ProducerOptions {
     /// append opens a new one. A node answers an append when it commits,
     /// or with an error when it cannot: within seconds while it runs.
     pub answer_timeout: Duration,
+    /// Most bytes of appends waiting together that go out as one batch
+    /// (256 KiB by default): each record counts with 12 bytes more, as a
+    /// batch stores it, and an append larger than this goes alone. It must
+    /// not exceed the node's `log.max_batch_bytes` (8 MiB by default), or
+    /// the node refuses batches that each of their appends alone would not
+    /// be. 0 sends every append alone.
+    pub max_batch_bytes: usize,
 }
 
 impl Default for ProducerOptions {
@@ -307,9 +314,14 @@ impl Default for ProducerOptions {
         ProducerOptions {
             connect_timeout: CONNECT_TIMEOUT,
             answer_timeout: Duration::from_secs(30),
+            max_batch_bytes: 256 * 1024,
         }
     }
 }
+
+/// What a batch stores for each record beyond its bytes (its offset delta,
+/// timestamp and length, as [`crate::messages::Record`] encodes).
+const RECORD_OVERHEAD_BYTES: usize = 12;
 
 /// Appends from any number of tasks over one connection, pipelined: an
 /// append is written as soon as it is made, without waiting for the
@@ -317,6 +329,13 @@ impl Default for ProducerOptions {
 /// bound) wait for their answers at once. This is how one process gets
 /// the quorum's throughput from a single connection; a [`Client`] waits
 /// for each answer before it sends the next request.
+///
+/// Appends that wait together for the connection (made while earlier
+/// ones were being written, or with [`MAX_IN_FLIGHT`] awaiting answers) go
+/// out as one batch, up to [`ProducerOptions::max_batch_bytes`]: they
+/// commit together or not at all, at consecutive offsets, and each caller
+/// gets the offsets of its own records. A lone append goes out at once;
+/// nothing waits for others to join it.
 ///
 /// A producer is a handle (clone it for each task) to a task, spawned on
 /// the tokio runtime that called [`Producer::connect`], which owns the
@@ -383,6 +402,7 @@ impl Producer {
             addr,
             options,
             queue,
+            held: None,
             connection: Some(PipelinedConnection::new(stream)),
         };
         tokio::spawn(async move { pipeline.run().await });
@@ -423,6 +443,9 @@ struct Pipeline {
     addr: SocketAddr,
     options: ProducerOptions,
     queue: mpsc::Receiver<Job>,
+    /// An append taken from the queue that did not fit in the last batch,
+    /// sent before anything still queued.
+    held: Option<Job>,
     /// `None` from a failure until an append needs a connection again.
     connection: Option<PipelinedConnection>,
 }
@@ -439,14 +462,15 @@ impl Pipeline {
         tokio::pin!(answer_deadline);
         loop {
             let Some(connection) = self.connection.as_mut() else {
-                let Some(job) = self.queue.recv().await else {
+                let Some(job) = next_job(&mut self.held, &mut self.queue).await else {
                     return;
                 };
                 match open(self.addr, self.options.connect_timeout).await {
                     Ok(stream) => {
-                        let mut connection = PipelinedConnection::new(stream);
-                        connection.push(job, self.addr);
-                        self.connection = Some(connection);
+                        // The appends queued meanwhile join it in the
+                        // next turn.
+                        self.held = Some(job);
+                        self.connection = Some(PipelinedConnection::new(stream));
                     }
                     Err(err) => {
                         // The appends queued meanwhile would each wait for
@@ -463,7 +487,7 @@ impl Pipeline {
                 }
                 continue;
             };
-            if closed && connection.sent.is_empty() {
+            if closed && connection.sent.is_empty() && self.held.is_none() {
                 return;
             }
             let deadline = connection.sent.front().map(|sent| sent.sent_at + answer_timeout);
@@ -504,19 +528,36 @@ impl Pipeline {
                     }
                     Err(err) => Some(Ended::Io(format!("write failed: {err}"))),
                 },
-                job = self.queue.recv(), if room && !closed => {
-                    match job {
-                        Some(job) => connection.push(job, self.addr),
-                        None => closed = true,
-                    }
-                    // Whatever else is queued goes out in the same write.
-                    while !closed && connection.sent.len() < MAX_IN_FLIGHT {
-                        match self.queue.try_recv() {
-                            Ok(job) => connection.push(job, self.addr),
-                            Err(mpsc::error::TryRecvError::Empty) => break,
-                            Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
+                job = next_job(&mut self.held, &mut self.queue), if room && (!closed || self.held.is_some()) => {
+                    let Some(job) = job else {
+                        closed = true;
+                        continue;
+                    };
+                    // Whatever else is queued goes out in the same write,
+                    // in as few batches as fit.
+                    let max_bytes = self.options.max_batch_bytes;
+                    let mut batch = Batch::default();
+                    let mut next = Some(job);
+                    while let Some(job) = next.take() {
+                        if let Err(job) = batch.add(job, max_bytes) {
+                            if connection.sent.len() + 1 >= MAX_IN_FLIGHT {
+                                self.held = Some(job);
+                                break;
+                            }
+                            connection.push(std::mem::take(&mut batch), self.addr);
+                            let first = batch.add(job, max_bytes);
+                            debug_assert!(first.is_ok(), "an empty batch takes any append");
                         }
+                        next = match self.queue.try_recv() {
+                            Ok(job) => Some(job),
+                            Err(mpsc::error::TryRecvError::Empty) => None,
+                            Err(mpsc::error::TryRecvError::Disconnected) => {
+                                closed = true;
+                                None
+                            }
+                        };
                     }
+                    connection.push(batch, self.addr);
                     None
                 }
             };
@@ -529,7 +570,53 @@ impl Pipeline {
     }
 }
 
-/// An append whose frame went into the connection's output.
+/// The next append to send: the one held back, else the next queued.
+/// Cancel-safe: a held append is taken only by the poll that returns it.
+async fn next_job(held: &mut Option<Job>, queue: &mut mpsc::Receiver<Job>) -> Option<Job> {
+    match held.take() {
+        Some(job) => Some(job),
+        None => queue.recv().await,
+    }
+}
+
+/// Where the answer for an append's records goes.
+type Answer = oneshot::Sender<Result<Appended, Error>>;
+
+/// Appends that go out as one `Append` frame, their records one after the
+/// other.
+#[derive(Default)]
+struct Batch {
+    records: Vec<ByteBuf>,
+    /// Their bytes as a batch stores them.
+    bytes: usize,
+    /// Each append's number of records and caller, in order.
+    callers: Vec<(usize, Answer)>,
+    /// It holds an append without records, which goes alone (the node
+    /// refuses it).
+    alone: bool,
+}
+
+impl Batch {
+    /// Adds `job` if it fits in `max_bytes` (an empty batch takes any), or
+    /// gives it back. An append whose caller stopped waiting is dropped.
+    fn add(&mut self, job: Job, max_bytes: usize) -> Result<(), Job> {
+        if job.answer.is_closed() {
+            return Ok(());
+        }
+        let bytes: usize = job.records.iter().map(|r| r.len() + RECORD_OVERHEAD_BYTES).sum();
+        let alone = job.records.is_empty();
+        if !self.callers.is_empty() && (self.alone || alone || self.bytes.saturating_add(bytes) > max_bytes) {
+            return Err(job);
+        }
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.alone |= alone;
+        self.callers.push((job.records.len(), job.answer));
+        self.records.extend(job.records);
+        Ok(())
+    }
+}
+
+/// A batch whose frame went into the connection's output.
 struct Sent {
     correlation_id: u64,
     /// Where its frame ends in the connection's byte stream: the node has
@@ -537,7 +624,7 @@ struct Sent {
     ends_at: u64,
     /// When it went into the output.
     sent_at: Instant,
-    answer: oneshot::Sender<Result<Appended, Error>>,
+    callers: Vec<(usize, Answer)>,
 }
 
 struct PipelinedConnection {
@@ -557,6 +644,18 @@ struct PipelinedConnection {
     /// and takes nothing sent after that frame.
     refused: bool,
     next_correlation_id: u64,
+}
+
+/// Whether `appended` covers exactly the records of `callers` (one batch's
+/// appends), so that it can be split among them.
+fn split(appended: Appended, callers: &[(usize, Answer)]) -> Result<(), String> {
+    let records: usize = callers.iter().map(|(records, _)| records).sum();
+    let covered = appended.last_offset - appended.base_offset + 1;
+    if covered == records as i64 {
+        Ok(())
+    } else {
+        Err(format!("an answer for {covered} records to an append of {records}"))
+    }
 }
 
 /// Why a producer's connection ended.
@@ -590,10 +689,9 @@ impl PipelinedConnection {
         }
     }
 
-    /// Writes `job`'s frame into the output, to go out with the rest.
-    fn push(&mut self, job: Job, addr: SocketAddr) {
-        if job.answer.is_closed() {
-            // Its caller stopped waiting.
+    /// Writes `batch`'s frame into the output, to go out with the rest.
+    fn push(&mut self, batch: Batch, addr: SocketAddr) {
+        if batch.callers.is_empty() {
             return;
         }
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
@@ -601,18 +699,20 @@ impl PipelinedConnection {
         let request = ClientFrame {
             version: CLIENT_PROTOCOL_VERSION,
             correlation_id,
-            body: ClientRequest::Append { records: job.records },
+            body: ClientRequest::Append { records: batch.records },
         };
         if let Err(err) = client::encode_frame_into(&request, &mut self.out) {
-            let source = io::Error::new(io::ErrorKind::InvalidInput, err);
-            let _ = job.answer.send(Err(Error::NotSent { addr, source }));
+            for (_, answer) in batch.callers {
+                let source = io::Error::new(io::ErrorKind::InvalidInput, err.to_string());
+                let _ = answer.send(Err(Error::NotSent { addr, source }));
+            }
             return;
         }
         self.sent.push_back(Sent {
             correlation_id,
             ends_at: self.stream_written + (self.out.len() - self.written) as u64,
             sent_at: Instant::now(),
-            answer: job.answer,
+            callers: batch.callers,
         });
     }
 
@@ -638,8 +738,11 @@ impl PipelinedConnection {
     /// unknown.
     fn fail(self, addr: SocketAddr, ended: Ended) {
         let written = self.stream_written;
-        for sent in self.sent {
-            let error = if self.refused || sent.ends_at > written {
+        for (sent, (_, answer)) in self.sent.into_iter().flat_map(|sent| {
+            let Sent { ends_at, callers, .. } = sent;
+            callers.into_iter().map(move |caller| (ends_at, caller))
+        }) {
+            let error = if self.refused || sent > written {
                 let why = if self.refused {
                     "the node refused an earlier frame as too large and takes nothing sent after it".to_owned()
                 } else {
@@ -661,7 +764,7 @@ impl PipelinedConnection {
                     },
                 }
             };
-            let _ = sent.answer.send(Err(error));
+            let _ = answer.send(Err(error));
         }
     }
 
@@ -685,11 +788,28 @@ impl PipelinedConnection {
             let Some(sent) = self.sent.pop_front() else {
                 return Err("an answer to no request".to_owned());
             };
-            let outcome = match answer_to(frame, sent.correlation_id) {
-                Ok(ClientResponse::Appended(appended)) => Ok(appended),
+            match answer_to(frame, sent.correlation_id) {
+                Ok(ClientResponse::Appended(appended)) => {
+                    if let Err(reason) = split(appended, &sent.callers) {
+                        self.sent.push_front(sent);
+                        return Err(reason);
+                    }
+                    let mut base_offset = appended.base_offset;
+                    for (records, answer) in sent.callers {
+                        let last_offset = base_offset + records as i64 - 1;
+                        let _ = answer.send(Ok(Appended {
+                            base_offset,
+                            last_offset,
+                            epoch: appended.epoch,
+                        }));
+                        base_offset = last_offset + 1;
+                    }
+                }
                 Ok(ClientResponse::Error(refusal)) => {
                     self.refused |= matches!(refusal, ClientError::PayloadTooLarge(_));
-                    Err(Error::Node(refusal))
+                    for (_, answer) in sent.callers {
+                        let _ = answer.send(Err(Error::Node(refusal.clone())));
+                    }
                 }
                 Ok(other) => {
                     self.sent.push_front(sent);
@@ -699,9 +819,8 @@ impl PipelinedConnection {
                     self.sent.push_front(sent);
                     return Err(reason);
                 }
-            };
+            }
             consumed += 4 + len as usize;
-            let _ = sent.answer.send(outcome);
         }
         self.input.drain(..consumed);
         Ok(())
@@ -711,6 +830,12 @@ impl PipelinedConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn batch_of(job: Job) -> Batch {
+        let mut batch = Batch::default();
+        assert!(batch.add(job, 0).is_ok());
+        batch
+    }
 
     #[tokio::test]
     async fn a_producers_output_keeps_only_what_is_not_written_yet() {
@@ -722,7 +847,7 @@ mod tests {
             let (answer, answered) = oneshot::channel();
             answers.push(answered);
             let records = vec![ByteBuf::from(vec![0u8; 1000])];
-            connection.push(Job { records, answer }, addr);
+            connection.push(batch_of(Job { records, answer }), addr);
         }
         let frame = connection.out.len() / 3;
         assert_eq!(connection.sent[2].ends_at, 3 * frame as u64);
@@ -746,10 +871,10 @@ mod tests {
         let (answer, answered) = oneshot::channel();
         drop(answered);
         connection.push(
-            Job {
+            batch_of(Job {
                 records: vec![ByteBuf::from(b"x".to_vec())],
                 answer,
-            },
+            }),
             addr,
         );
         assert!(connection.out.is_empty() && connection.sent.is_empty());

@@ -386,33 +386,84 @@ async fn an_idle_connection_is_closed_and_the_client_opens_a_new_one() {
 #[actix_rt::test]
 async fn a_producer_commits_the_appends_of_many_tasks_over_one_connection() {
     let served = Served::leader(default_limits()).await;
-    let producer = Producer::connect(served.addr).await.unwrap();
-    // More than a connection may have in flight: the rest wait their turn.
-    let appends = spawn_appends(&producer, 300);
-    let mut offsets = Vec::new();
-    for outcome in outcomes_of(appends).await {
-        let appended = outcome.expect("every append commits");
-        assert_eq!(appended.base_offset, appended.last_offset);
-        offsets.push(appended.base_offset);
+    for options in [
+        ProducerOptions::default(),
+        // Every append alone: more than a connection may have in flight,
+        // the rest wait their turn.
+        ProducerOptions {
+            max_batch_bytes: 0,
+            ..ProducerOptions::default()
+        },
+    ] {
+        let producer = Producer::connect_with(served.addr, options).await.unwrap();
+        let outcomes = outcomes_of(spawn_appends(&producer, 300)).await;
+        let page = served.node.read_committed(0, 10_000).await.unwrap();
+        let values: BTreeMap<i64, String> = page
+            .records
+            .into_iter()
+            .filter_map(|r| Some((r.offset, r.value?)))
+            .collect();
+        // Each task's record is where its answer says.
+        for (task, outcome) in outcomes.into_iter().enumerate() {
+            let appended = outcome.expect("every append commits");
+            assert_eq!(appended.base_offset, appended.last_offset);
+            assert_eq!(values[&appended.base_offset], format!("r{task}"), "{options:?}");
+        }
     }
-    offsets.sort_unstable();
-    offsets.dedup();
-    assert_eq!(offsets.len(), 300, "each at an offset of its own");
-    let mut values = served.data_values().await;
-    values.sort_unstable();
-    let mut expected: Vec<String> = (0..300).map(|i| format!("r{i}")).collect();
-    expected.sort_unstable();
-    assert_eq!(values, expected);
+    assert_eq!(served.data_values().await.len(), 600);
     served.stop().await;
 }
 
-/// A producer connected to a stand-in node, and that node's end of the
-/// connection.
+/// A producer that sends every append alone (one frame each), connected
+/// to a stand-in node, and that node's end of the connection.
 async fn stand_in_node() -> (Producer, TcpListener, TcpStream) {
+    let alone = ProducerOptions {
+        max_batch_bytes: 0,
+        ..ProducerOptions::default()
+    };
+    stand_in_node_with(alone).await
+}
+
+async fn stand_in_node_with(options: ProducerOptions) -> (Producer, TcpListener, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let producer = Producer::connect(listener.local_addr().unwrap()).await.unwrap();
+    let producer = Producer::connect_with(listener.local_addr().unwrap(), options)
+        .await
+        .unwrap();
     let (node, _) = listener.accept().await.unwrap();
     (producer, listener, node)
+}
+
+/// Reads frames as a stand-in node until the records of `appends` appends
+/// of [`spawn_appends`] came: each frame's correlation id and the tasks
+/// whose records it carries, in order.
+async fn read_batches(node: &mut TcpStream, appends: usize) -> Vec<(u64, Vec<usize>)> {
+    let mut batches = Vec::new();
+    let mut seen = 0;
+    while seen < appends {
+        let (id, request) = read_request(node).await.expect("a request");
+        let ClientRequest::Append { records } = request else {
+            panic!("not an append: {request:?}");
+        };
+        let tasks: Vec<usize> = records
+            .iter()
+            .map(|r| {
+                String::from_utf8(r.to_vec()).unwrap()[1..]
+                    .parse()
+                    .expect("a record r<index>")
+            })
+            .collect();
+        seen += tasks.len();
+        batches.push((id, tasks));
+    }
+    batches
+}
+
+fn appended_range(base_offset: i64, records: usize) -> ClientResponse {
+    ClientResponse::Appended(Appended {
+        base_offset,
+        last_offset: base_offset + records as i64 - 1,
+        epoch: 1,
+    })
 }
 
 fn spawn_appends(producer: &Producer, n: usize) -> Vec<tokio::task::JoinHandle<Result<Appended, Error>>> {
@@ -596,7 +647,7 @@ async fn a_producer_takes_a_node_that_does_not_answer_in_time_for_unreachable_an
         .unwrap();
     let (mut silent, _) = listener.accept().await.unwrap();
     let appends = spawn_appends(&producer, 2);
-    read_appends(&mut silent, 2).await;
+    read_batches(&mut silent, 2).await;
     let outcomes = outcomes_of(appends).await;
     assert!(
         outcomes.iter().all(|o| matches!(o, Err(Error::NoAnswer { .. }))),
@@ -619,4 +670,61 @@ async fn a_producer_closes_its_connection_once_every_handle_is_dropped() {
     let (producer, _listener, mut node) = stand_in_node().await;
     drop(producer);
     assert!(read_request(&mut node).await.is_none());
+}
+
+#[actix_rt::test]
+async fn appends_waiting_together_go_out_as_one_batch_and_each_caller_gets_its_own_offsets() {
+    let (producer, _listener, mut node) = stand_in_node_with(ProducerOptions::default()).await;
+    let appends = spawn_appends(&producer, 20);
+    let batches = read_batches(&mut node, 20).await;
+    assert!(batches.len() < 20, "appends made at once are batched: {batches:?}");
+    let mut expected = BTreeMap::new();
+    let mut next_offset = 100;
+    for (id, tasks) in &batches {
+        answer(&mut node, *id, appended_range(next_offset, tasks.len())).await;
+        for task in tasks {
+            expected.insert(*task, next_offset);
+            next_offset += 1;
+        }
+    }
+    for (task, outcome) in outcomes_of(appends).await.into_iter().enumerate() {
+        let appended = outcome.unwrap();
+        assert_eq!(
+            (appended.base_offset, appended.last_offset),
+            (expected[&task], expected[&task])
+        );
+    }
+}
+
+#[actix_rt::test]
+async fn a_batch_holds_at_most_max_batch_bytes() {
+    // r0..r9: 2 bytes each, 14 as a batch stores them: three fit in 45.
+    let options = ProducerOptions {
+        max_batch_bytes: 45,
+        ..ProducerOptions::default()
+    };
+    let (producer, _listener, mut node) = stand_in_node_with(options).await;
+    let appends = spawn_appends(&producer, 10);
+    let batches = read_batches(&mut node, 10).await;
+    assert!(batches.iter().all(|(_, tasks)| tasks.len() <= 3), "{batches:?}");
+    let mut next_offset = 0;
+    for (id, tasks) in &batches {
+        answer(&mut node, *id, appended_range(next_offset, tasks.len())).await;
+        next_offset += tasks.len() as i64;
+    }
+    assert!(outcomes_of(appends).await.iter().all(Result::is_ok));
+}
+
+#[actix_rt::test]
+async fn an_answer_for_another_number_of_records_than_a_batch_holds_is_a_protocol_error() {
+    let (producer, _listener, mut node) = stand_in_node_with(ProducerOptions::default()).await;
+    let appends = spawn_appends(&producer, 2);
+    for (id, tasks) in read_batches(&mut node, 2).await {
+        answer(&mut node, id, appended_range(0, tasks.len() + 1)).await;
+    }
+    let outcomes = outcomes_of(appends).await;
+    assert!(
+        outcomes.iter().all(|o| matches!(o, Err(Error::Protocol { .. }))),
+        "{outcomes:?}"
+    );
 }
