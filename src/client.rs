@@ -21,6 +21,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use serde_bytes::ByteBuf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -30,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::actors::transport::read_frame;
 use crate::api::MAX_IN_FLIGHT;
 use crate::messages::client::{self, ClientFrame, ClientRequest, ClientResponse, CLIENT_PROTOCOL_VERSION};
+use crate::messages::Record;
 use crate::node::{Appended, QuorumStatus, RecordPage};
 use crate::raft::Offset;
 
@@ -302,10 +304,12 @@ pub struct ProducerOptions {
     pub answer_timeout: Duration,
     /// Most bytes of appends waiting together that go out as one batch
     /// (256 KiB by default): each record counts with 12 bytes more, as a
-    /// batch stores it, and an append larger than this goes alone. It must
-    /// not exceed the node's `log.max_batch_bytes` (8 MiB by default), or
-    /// the node refuses batches that each of their appends alone would not
-    /// be. 0 sends every append alone.
+    /// batch stores it, and an append larger than this goes alone. 0 sends
+    /// every append alone. A node whose `log.max_batch_bytes` is smaller
+    /// refuses such a batch (as too large, or `Rejected`); its appends are
+    /// then sent again one by one, which is safe since the node wrote none
+    /// of them, and the producer's batches stay below half the refused
+    /// one's size from then on.
     pub max_batch_bytes: usize,
 }
 
@@ -318,10 +322,6 @@ impl Default for ProducerOptions {
         }
     }
 }
-
-/// What a batch stores for each record beyond its bytes (its offset delta,
-/// timestamp and length, as [`crate::messages::Record`] encodes).
-const RECORD_OVERHEAD_BYTES: usize = 12;
 
 /// Appends from any number of tasks over one connection, pipelined: an
 /// append is written as soon as it is made, without waiting for the
@@ -350,13 +350,17 @@ const RECORD_OVERHEAD_BYTES: usize = 12;
 ///
 /// When the connection fails, or the oldest append waits longer than
 /// [`ProducerOptions::answer_timeout`], every append waiting for an answer
-/// fails: with [`Error::NotSent`] if the node cannot have taken it (its
-/// frame was not wholly written, or it was sent after a frame the node
-/// refused as too large), else with [`Error::NoAnswer`] or
-/// [`Error::Protocol`] (it may or may not commit). Nothing is retried. The
-/// next append opens a new connection; when that fails, it and every
-/// append queued behind it fail [`Error::NotSent`]. The task ends once
-/// every handle is dropped and every answer is in.
+/// fails: with [`Error::NotSent`] if its frame was not wholly written (the
+/// node cannot have taken it), else with [`Error::NoAnswer`] or
+/// [`Error::Protocol`] (it may or may not commit). Nothing the node may
+/// have taken is sent again. What it cannot have taken is: the appends
+/// sent after a frame it refused as too large (it closes the connection
+/// and reads nothing more), and the appends of a batch of several that it
+/// refused as too large or `Rejected` (each is sent again alone; one that
+/// is refused alone gets the node's error). The next append opens a new
+/// connection; when that fails, it and every append queued behind it fail
+/// [`Error::NotSent`]. The task ends once every handle is dropped and
+/// every answer is in.
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), kraft::client::Error> {
@@ -380,7 +384,10 @@ pub struct Producer {
 /// One append on its way to a [`Producer`]'s connection.
 struct Job {
     records: Vec<ByteBuf>,
-    answer: oneshot::Sender<Result<Appended, Error>>,
+    answer: Answer,
+    /// It goes in a batch of its own: it was in a batch the node refused
+    /// as too large.
+    alone: bool,
 }
 
 impl Producer {
@@ -402,7 +409,8 @@ impl Producer {
             addr,
             options,
             queue,
-            held: None,
+            front: VecDeque::new(),
+            max_batch_bytes: options.max_batch_bytes,
             connection: Some(PipelinedConnection::new(stream)),
         };
         tokio::spawn(async move { pipeline.run().await });
@@ -421,6 +429,7 @@ impl Producer {
         let job = Job {
             records: records.into_iter().map(ByteBuf::from).collect(),
             answer,
+            alone: false,
         };
         let ended = "the producer's connection task has ended";
         if self.jobs.send(job).await.is_err() {
@@ -443,16 +452,22 @@ struct Pipeline {
     addr: SocketAddr,
     options: ProducerOptions,
     queue: mpsc::Receiver<Job>,
-    /// An append taken from the queue that did not fit in the last batch,
-    /// sent before anything still queued.
-    held: Option<Job>,
+    /// Appends to send before anything still queued: one taken from the
+    /// queue that did not fit in the last batch, and those of a refused
+    /// batch or sent after it, which the node did not take.
+    front: VecDeque<Job>,
+    /// The largest batch to make now ([`ProducerOptions::max_batch_bytes`],
+    /// lowered by refusals).
+    max_batch_bytes: usize,
     /// `None` from a failure until an append needs a connection again.
     connection: Option<PipelinedConnection>,
 }
 
 impl Pipeline {
     async fn run(&mut self) {
-        // Every handle is dropped: nothing more will be queued.
+        // Every handle is dropped: nothing more will be queued. (Then no
+        // append waits for an answer either, since `append` borrows its
+        // handle; what is still in flight is answered all the same.)
         let mut closed = false;
         let answer_timeout = self.options.answer_timeout;
         // When the oldest append awaiting its answer must have it, as
@@ -462,14 +477,14 @@ impl Pipeline {
         tokio::pin!(answer_deadline);
         loop {
             let Some(connection) = self.connection.as_mut() else {
-                let Some(job) = next_job(&mut self.held, &mut self.queue).await else {
+                let Some(job) = next_job(&mut self.front, &mut self.queue).await else {
                     return;
                 };
                 match open(self.addr, self.options.connect_timeout).await {
                     Ok(stream) => {
                         // The appends queued meanwhile join it in the
                         // next turn.
-                        self.held = Some(job);
+                        self.front.push_front(job);
                         self.connection = Some(PipelinedConnection::new(stream));
                     }
                     Err(err) => {
@@ -480,6 +495,9 @@ impl Pipeline {
                             source: io::Error::new(err.kind(), err.to_string()),
                         };
                         let _ = job.answer.send(Err(not_sent()));
+                        for job in self.front.drain(..) {
+                            let _ = job.answer.send(Err(not_sent()));
+                        }
                         while let Ok(job) = self.queue.try_recv() {
                             let _ = job.answer.send(Err(not_sent()));
                         }
@@ -487,7 +505,7 @@ impl Pipeline {
                 }
                 continue;
             };
-            if closed && connection.sent.is_empty() && self.held.is_none() {
+            if closed && connection.sent.is_empty() && self.front.is_empty() {
                 return;
             }
             let deadline = connection.sent.front().map(|sent| sent.sent_at + answer_timeout);
@@ -528,27 +546,27 @@ impl Pipeline {
                     }
                     Err(err) => Some(Ended::Io(format!("write failed: {err}"))),
                 },
-                job = next_job(&mut self.held, &mut self.queue), if room && (!closed || self.held.is_some()) => {
+                job = next_job(&mut self.front, &mut self.queue), if room && (!closed || !self.front.is_empty()) => {
                     let Some(job) = job else {
                         closed = true;
                         continue;
                     };
                     // Whatever else is queued goes out in the same write,
                     // in as few batches as fit.
-                    let max_bytes = self.options.max_batch_bytes;
+                    let max_bytes = self.max_batch_bytes;
                     let mut batch = Batch::default();
                     let mut next = Some(job);
                     while let Some(job) = next.take() {
                         if let Err(job) = batch.add(job, max_bytes) {
                             if connection.sent.len() + 1 >= MAX_IN_FLIGHT {
-                                self.held = Some(job);
+                                self.front.push_front(job);
                                 break;
                             }
                             connection.push(std::mem::take(&mut batch), self.addr);
                             let first = batch.add(job, max_bytes);
                             debug_assert!(first.is_ok(), "an empty batch takes any append");
                         }
-                        next = match self.queue.try_recv() {
+                        next = match self.front.pop_front().map(Ok).unwrap_or_else(|| self.queue.try_recv()) {
                             Ok(job) => Some(job),
                             Err(mpsc::error::TryRecvError::Empty) => None,
                             Err(mpsc::error::TryRecvError::Disconnected) => {
@@ -561,19 +579,32 @@ impl Pipeline {
                     None
                 }
             };
+            let Some(connection) = self.connection.as_mut() else {
+                continue;
+            };
+            if let Some(bytes) = connection.smaller_batches.take() {
+                self.max_batch_bytes = self.max_batch_bytes.min(bytes);
+            }
+            let mut again = std::mem::take(&mut connection.again);
             if let Some(ended) = ended {
                 if let Some(connection) = self.connection.take() {
-                    connection.fail(self.addr, ended);
+                    again.extend(connection.fail(self.addr, ended));
                 }
+            }
+            // Before what waits in `front`, which was taken from the queue
+            // after them.
+            for job in again.into_iter().rev() {
+                self.front.push_front(job);
             }
         }
     }
 }
 
-/// The next append to send: the one held back, else the next queued.
-/// Cancel-safe: a held append is taken only by the poll that returns it.
-async fn next_job(held: &mut Option<Job>, queue: &mut mpsc::Receiver<Job>) -> Option<Job> {
-    match held.take() {
+/// The next append to send: the first in `front`, else the next queued.
+/// Cancel-safe: an append is taken from `front` only by the poll that
+/// returns it.
+async fn next_job(front: &mut VecDeque<Job>, queue: &mut mpsc::Receiver<Job>) -> Option<Job> {
+    match front.pop_front() {
         Some(job) => Some(job),
         None => queue.recv().await,
     }
@@ -583,16 +614,15 @@ async fn next_job(held: &mut Option<Job>, queue: &mut mpsc::Receiver<Job>) -> Op
 type Answer = oneshot::Sender<Result<Appended, Error>>;
 
 /// Appends that go out as one `Append` frame, their records one after the
-/// other.
+/// other. Each keeps its records until answered, to be sent again alone
+/// if the node refuses the batch.
 #[derive(Default)]
 struct Batch {
-    records: Vec<ByteBuf>,
+    jobs: Vec<Job>,
     /// Their bytes as a batch stores them.
     bytes: usize,
-    /// Each append's number of records and caller, in order.
-    callers: Vec<(usize, Answer)>,
-    /// It holds an append without records, which goes alone (the node
-    /// refuses it).
+    /// It holds an append that goes alone: one without records (the node
+    /// refuses it), or one from a refused batch.
     alone: bool,
 }
 
@@ -603,16 +633,43 @@ impl Batch {
         if job.answer.is_closed() {
             return Ok(());
         }
-        let bytes: usize = job.records.iter().map(|r| r.len() + RECORD_OVERHEAD_BYTES).sum();
-        let alone = job.records.is_empty();
-        if !self.callers.is_empty() && (self.alone || alone || self.bytes.saturating_add(bytes) > max_bytes) {
+        let bytes: usize = job.records.iter().map(|r| Record::data_encoded_len(r.len())).sum();
+        let alone = job.alone || job.records.is_empty();
+        if !self.jobs.is_empty() && (self.alone || alone || self.bytes.saturating_add(bytes) > max_bytes) {
             return Err(job);
         }
         self.bytes = self.bytes.saturating_add(bytes);
         self.alone |= alone;
-        self.callers.push((job.records.len(), job.answer));
-        self.records.extend(job.records);
+        self.jobs.push(job);
         Ok(())
+    }
+}
+
+/// The body of a batch's frame: `ClientRequest::Append` of its appends'
+/// records one after the other, encoded in place (the same bytes as that
+/// request built from them; see the test).
+struct AppendOf<'a>(&'a [Job]);
+
+impl Serialize for AppendOf<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStructVariant;
+        let mut append = serializer.serialize_struct_variant("ClientRequest", 0, "Append", 1)?;
+        append.serialize_field("records", &RecordsOf(self.0))?;
+        append.end()
+    }
+}
+
+struct RecordsOf<'a>(&'a [Job]);
+
+impl Serialize for RecordsOf<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let records = self.0.iter().flat_map(|job| &job.records);
+        let mut seq = serializer.serialize_seq(Some(records.clone().count()))?;
+        for record in records {
+            seq.serialize_element(record)?;
+        }
+        seq.end()
     }
 }
 
@@ -624,7 +681,9 @@ struct Sent {
     ends_at: u64,
     /// When it went into the output.
     sent_at: Instant,
-    callers: Vec<(usize, Answer)>,
+    /// Its bytes as a batch stores them.
+    bytes: usize,
+    jobs: Vec<Job>,
 }
 
 struct PipelinedConnection {
@@ -643,18 +702,28 @@ struct PipelinedConnection {
     /// The node refused a frame as too large: it closes the connection
     /// and takes nothing sent after that frame.
     refused: bool,
+    /// Appends of batches the node refused, to send again one by one.
+    again: Vec<Job>,
+    /// A refused batch's size: batches must stay below it.
+    smaller_batches: Option<usize>,
     next_correlation_id: u64,
 }
 
-/// Whether `appended` covers exactly the records of `callers` (one batch's
+/// Whether `appended` covers exactly the records of `jobs` (one batch's
 /// appends), so that it can be split among them.
-fn split(appended: Appended, callers: &[(usize, Answer)]) -> Result<(), String> {
-    let records: usize = callers.iter().map(|(records, _)| records).sum();
-    let covered = appended.last_offset - appended.base_offset + 1;
-    if covered == records as i64 {
+fn split(appended: Appended, jobs: &[Job]) -> Result<(), String> {
+    let records: usize = jobs.iter().map(|job| job.records.len()).sum();
+    let covered = appended
+        .last_offset
+        .checked_sub(appended.base_offset)
+        .and_then(|span| span.checked_add(1));
+    if covered == i64::try_from(records).ok() {
         Ok(())
     } else {
-        Err(format!("an answer for {covered} records to an append of {records}"))
+        Err(format!(
+            "an answer for offsets {}..={} to an append of {records} records",
+            appended.base_offset, appended.last_offset
+        ))
     }
 }
 
@@ -685,13 +754,15 @@ impl PipelinedConnection {
             input: Vec::new(),
             sent: VecDeque::new(),
             refused: false,
+            again: Vec::new(),
+            smaller_batches: None,
             next_correlation_id: 0,
         }
     }
 
     /// Writes `batch`'s frame into the output, to go out with the rest.
     fn push(&mut self, batch: Batch, addr: SocketAddr) {
-        if batch.callers.is_empty() {
+        if batch.jobs.is_empty() {
             return;
         }
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
@@ -699,12 +770,12 @@ impl PipelinedConnection {
         let request = ClientFrame {
             version: CLIENT_PROTOCOL_VERSION,
             correlation_id,
-            body: ClientRequest::Append { records: batch.records },
+            body: AppendOf(&batch.jobs),
         };
         if let Err(err) = client::encode_frame_into(&request, &mut self.out) {
-            for (_, answer) in batch.callers {
+            for job in batch.jobs {
                 let source = io::Error::new(io::ErrorKind::InvalidInput, err.to_string());
-                let _ = answer.send(Err(Error::NotSent { addr, source }));
+                let _ = job.answer.send(Err(Error::NotSent { addr, source }));
             }
             return;
         }
@@ -712,7 +783,8 @@ impl PipelinedConnection {
             correlation_id,
             ends_at: self.stream_written + (self.out.len() - self.written) as u64,
             sent_at: Instant::now(),
-            callers: batch.callers,
+            bytes: batch.bytes,
+            jobs: batch.jobs,
         });
     }
 
@@ -733,24 +805,28 @@ impl PipelinedConnection {
         }
     }
 
-    /// Ends the connection: every append awaiting its answer fails, as
+    /// Ends the connection. After a frame refused as too large, the node
+    /// took nothing sent after it: those appends are given back, to be
+    /// sent again. Otherwise every append awaiting its answer fails, as
     /// not sent when the node cannot have taken it, else with the outcome
     /// unknown.
-    fn fail(self, addr: SocketAddr, ended: Ended) {
+    fn fail(self, addr: SocketAddr, ended: Ended) -> Vec<Job> {
         let written = self.stream_written;
-        for (sent, (_, answer)) in self.sent.into_iter().flat_map(|sent| {
-            let Sent { ends_at, callers, .. } = sent;
-            callers.into_iter().map(move |caller| (ends_at, caller))
-        }) {
-            let error = if self.refused || sent > written {
-                let why = if self.refused {
-                    "the node refused an earlier frame as too large and takes nothing sent after it".to_owned()
-                } else {
-                    format!("{} before the whole request was written", ended.reason())
-                };
+        let jobs = self.sent.into_iter().flat_map(|sent| {
+            let Sent { ends_at, jobs, .. } = sent;
+            jobs.into_iter().map(move |job| (ends_at, job))
+        });
+        if self.refused {
+            return jobs.map(|(_, job)| job).collect();
+        }
+        for (ends_at, job) in jobs {
+            let error = if ends_at > written {
                 Error::NotSent {
                     addr,
-                    source: io::Error::new(io::ErrorKind::ConnectionAborted, why),
+                    source: io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        format!("{} before the whole request was written", ended.reason()),
+                    ),
                 }
             } else {
                 match &ended {
@@ -764,8 +840,9 @@ impl PipelinedConnection {
                     },
                 }
             };
-            let _ = answer.send(Err(error));
+            let _ = job.answer.send(Err(error));
         }
+        Vec::new()
     }
 
     /// Hands out the answers that `input` holds whole. An answer that does
@@ -790,14 +867,14 @@ impl PipelinedConnection {
             };
             match answer_to(frame, sent.correlation_id) {
                 Ok(ClientResponse::Appended(appended)) => {
-                    if let Err(reason) = split(appended, &sent.callers) {
+                    if let Err(reason) = split(appended, &sent.jobs) {
                         self.sent.push_front(sent);
                         return Err(reason);
                     }
                     let mut base_offset = appended.base_offset;
-                    for (records, answer) in sent.callers {
-                        let last_offset = base_offset + records as i64 - 1;
-                        let _ = answer.send(Ok(Appended {
+                    for job in sent.jobs {
+                        let last_offset = base_offset + job.records.len() as i64 - 1;
+                        let _ = job.answer.send(Ok(Appended {
                             base_offset,
                             last_offset,
                             epoch: appended.epoch,
@@ -807,8 +884,17 @@ impl PipelinedConnection {
                 }
                 Ok(ClientResponse::Error(refusal)) => {
                     self.refused |= matches!(refusal, ClientError::PayloadTooLarge(_));
-                    for (_, answer) in sent.callers {
-                        let _ = answer.send(Err(Error::Node(refusal.clone())));
+                    let too_large = matches!(refusal, ClientError::PayloadTooLarge(_) | ClientError::Rejected(_));
+                    if too_large && sent.jobs.len() > 1 {
+                        // The node wrote none of it, and may take each
+                        // append alone (a full log refuses them again).
+                        self.smaller_batches = Some(sent.bytes / 2);
+                        self.again
+                            .extend(sent.jobs.into_iter().map(|job| Job { alone: true, ..job }));
+                    } else {
+                        for job in sent.jobs {
+                            let _ = job.answer.send(Err(Error::Node(refusal.clone())));
+                        }
                     }
                 }
                 Ok(other) => {
@@ -831,6 +917,33 @@ impl PipelinedConnection {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_batch_is_encoded_as_an_append_of_all_its_records() {
+        let jobs: Vec<Job> = [vec!["a", "bc"], vec![], vec!["def"]]
+            .into_iter()
+            .map(|records| Job {
+                records: records
+                    .into_iter()
+                    .map(|r| ByteBuf::from(r.as_bytes().to_vec()))
+                    .collect(),
+                answer: oneshot::channel().0,
+                alone: false,
+            })
+            .collect();
+        fn frame<B>(body: B) -> ClientFrame<B> {
+            ClientFrame {
+                version: CLIENT_PROTOCOL_VERSION,
+                correlation_id: 7,
+                body,
+            }
+        }
+        let (mut in_place, mut built) = (Vec::new(), Vec::new());
+        client::encode_frame_into(&frame(AppendOf(&jobs)), &mut in_place).unwrap();
+        let records = jobs.iter().flat_map(|job| job.records.clone()).collect();
+        client::encode_frame_into(&frame(ClientRequest::Append { records }), &mut built).unwrap();
+        assert_eq!(in_place, built);
+    }
+
     fn batch_of(job: Job) -> Batch {
         let mut batch = Batch::default();
         assert!(batch.add(job, 0).is_ok());
@@ -847,7 +960,14 @@ mod tests {
             let (answer, answered) = oneshot::channel();
             answers.push(answered);
             let records = vec![ByteBuf::from(vec![0u8; 1000])];
-            connection.push(batch_of(Job { records, answer }), addr);
+            connection.push(
+                batch_of(Job {
+                    records,
+                    answer,
+                    alone: false,
+                }),
+                addr,
+            );
         }
         let frame = connection.out.len() / 3;
         assert_eq!(connection.sent[2].ends_at, 3 * frame as u64);
@@ -874,6 +994,7 @@ mod tests {
             batch_of(Job {
                 records: vec![ByteBuf::from(b"x".to_vec())],
                 answer,
+                alone: false,
             }),
             addr,
         );

@@ -54,8 +54,14 @@ struct Served {
 
 impl Served {
     async fn start(absent_peer: bool, limits: ClientLimits) -> Served {
+        Served::start_with(absent_peer, limits, |_| {}).await
+    }
+
+    async fn start_with(absent_peer: bool, limits: ClientLimits, change: impl FnOnce(&mut Config)) -> Served {
         let dir = tempfile::tempdir().unwrap();
-        let node = node::start(config(dir.path(), absent_peer)).await.expect("node starts");
+        let mut config = config(dir.path(), absent_peer);
+        change(&mut config);
+        let node = node::start(config).await.expect("node starts");
         let (server, addr) =
             client_server_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).expect("client listener binds");
         Served {
@@ -68,7 +74,11 @@ impl Served {
 
     /// A single-node quorum that has elected itself.
     async fn leader(limits: ClientLimits) -> Served {
-        let served = Served::start(false, limits).await;
+        Served::leader_with(limits, |_| {}).await
+    }
+
+    async fn leader_with(limits: ClientLimits, change: impl FnOnce(&mut Config)) -> Served {
+        let served = Served::start_with(false, limits, change).await;
         let deadline = tokio::time::Instant::now() + WAIT;
         while served.node.describe().await.unwrap().role != "leader" {
             assert!(tokio::time::Instant::now() < deadline, "no leader after {WAIT:?}");
@@ -552,31 +562,100 @@ async fn when_its_connection_fails_a_producer_fails_the_unanswered_appends_and_r
 }
 
 #[actix_rt::test]
-async fn after_a_refusal_as_too_large_a_producer_fails_what_it_sent_after_as_not_sent() {
-    let (producer, _listener, mut node) = stand_in_node().await;
+async fn after_a_refusal_as_too_large_a_producer_sends_what_followed_again_on_a_new_connection() {
+    let (producer, listener, mut node) = stand_in_node().await;
     let appends = spawn_appends(&producer, 3);
     let sent = read_appends(&mut node, 3).await;
     // A node that refuses a frame as too large takes nothing sent after
     // it and closes the connection; this one leaves that to the producer.
     let refusal = ClientError::PayloadTooLarge("too large".to_owned());
     answer(&mut node, sent[0].0, ClientResponse::Error(refusal.clone())).await;
+    assert!(
+        read_request(&mut node).await.is_none(),
+        "the producer closed the connection"
+    );
+    let (mut node, _) = tokio::time::timeout(WAIT, listener.accept()).await.unwrap().unwrap();
+    let again = read_appends(&mut node, 2).await;
+    let tasks: Vec<usize> = again.iter().map(|(_, task)| *task).collect();
+    assert_eq!(tasks, [sent[1].1, sent[2].1], "the two that followed, in order");
+    for (offset, (id, _)) in again.iter().enumerate() {
+        answer(&mut node, *id, appended_at(offset as i64)).await;
+    }
     let outcomes = outcomes_of(appends).await;
     assert!(
         matches!(&outcomes[sent[0].1], Err(Error::Node(e)) if *e == refusal),
         "{outcomes:?}"
     );
-    assert_eq!(
-        outcomes
-            .iter()
-            .filter(|o| matches!(o, Err(Error::NotSent { .. })))
-            .count(),
-        2,
+    assert!(
+        outcomes[sent[1].1].is_ok() && outcomes[sent[2].1].is_ok(),
         "{outcomes:?}"
     );
+}
+
+#[actix_rt::test]
+async fn a_batch_refused_as_too_large_is_sent_again_one_append_at_a_time() {
+    let (producer, listener, mut node) = stand_in_node_with(ProducerOptions::default()).await;
+    let appends = spawn_appends(&producer, 4);
+    let batches = read_batches(&mut node, 4).await;
+    let (id, tasks) = &batches[0];
+    assert!(tasks.len() > 1, "{batches:?}");
+    let refusal = ClientError::PayloadTooLarge("a node with a small log.max_batch_bytes".to_owned());
+    answer(&mut node, *id, ClientResponse::Error(refusal)).await;
+    // The node closes the connection after refusing a frame as too large:
+    // everything comes again on a new one, each append alone.
+    let (mut node, _) = tokio::time::timeout(WAIT, listener.accept()).await.unwrap().unwrap();
+    let again = read_batches(&mut node, 4).await;
+    assert_eq!(again.len(), 4, "one frame each: {again:?}");
+    let mut expected = BTreeMap::new();
+    for (offset, (id, tasks)) in again.iter().enumerate() {
+        answer(&mut node, *id, appended_at(offset as i64)).await;
+        expected.insert(tasks[0], offset as i64);
+    }
+    for (task, outcome) in outcomes_of(appends).await.into_iter().enumerate() {
+        assert_eq!(outcome.unwrap().base_offset, expected[&task]);
+    }
+}
+
+#[actix_rt::test]
+async fn a_batch_rejected_is_sent_again_one_append_at_a_time_and_later_batches_are_smaller() {
+    let (producer, _listener, mut node) = stand_in_node_with(ProducerOptions::default()).await;
+    let appends = spawn_appends(&producer, 4);
+    let batches = read_batches(&mut node, 4).await;
+    assert!(batches[0].1.len() > 1, "{batches:?}");
+    let rejected = ClientError::Rejected("more than a batch holds".to_owned());
+    for (id, _) in &batches {
+        answer(&mut node, *id, ClientResponse::Error(rejected.clone())).await;
+    }
+    // Alone, on the same connection: the first is rejected again, the
+    // others taken.
+    let again = read_batches(&mut node, 4).await;
+    assert_eq!(again.len(), 4, "one frame each: {again:?}");
+    answer(&mut node, again[0].0, ClientResponse::Error(rejected.clone())).await;
+    for (offset, (id, _)) in again.iter().enumerate().skip(1) {
+        answer(&mut node, *id, appended_at(offset as i64)).await;
+    }
+    let outcomes = outcomes_of(appends).await;
     assert!(
-        read_request(&mut node).await.is_none(),
-        "the producer closed the connection"
+        matches!(&outcomes[again[0].1[0]], Err(Error::Node(e)) if *e == rejected),
+        "{outcomes:?}"
     );
+    assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 3, "{outcomes:?}");
+    // Batches now stay below half the rejected one's size.
+    let (first_bytes, first_records) = (batches[0].1.len() * 14, batches[0].1.len());
+    let later = spawn_appends(&producer, 8);
+    let batches = read_batches(&mut node, 8).await;
+    assert!(
+        batches
+            .iter()
+            .all(|(_, tasks)| tasks.len() * 14 <= first_bytes / 2 + 14),
+        "{batches:?} after a refused batch of {first_records}"
+    );
+    let mut next_offset = 10;
+    for (id, tasks) in &batches {
+        answer(&mut node, *id, appended_range(next_offset, tasks.len())).await;
+        next_offset += tasks.len() as i64;
+    }
+    assert!(outcomes_of(later).await.iter().all(Result::is_ok));
 }
 
 #[actix_rt::test]
@@ -698,15 +777,16 @@ async fn appends_waiting_together_go_out_as_one_batch_and_each_caller_gets_its_o
 
 #[actix_rt::test]
 async fn a_batch_holds_at_most_max_batch_bytes() {
-    // r0..r9: 2 bytes each, 14 as a batch stores them: three fit in 45.
+    // r0..r9: 2 bytes each, 14 as a batch stores them: three fit in 42.
     let options = ProducerOptions {
-        max_batch_bytes: 45,
+        max_batch_bytes: 42,
         ..ProducerOptions::default()
     };
     let (producer, _listener, mut node) = stand_in_node_with(options).await;
     let appends = spawn_appends(&producer, 10);
     let batches = read_batches(&mut node, 10).await;
     assert!(batches.iter().all(|(_, tasks)| tasks.len() <= 3), "{batches:?}");
+    assert!(batches.iter().any(|(_, tasks)| tasks.len() == 3), "{batches:?}");
     let mut next_offset = 0;
     for (id, tasks) in &batches {
         answer(&mut node, *id, appended_range(next_offset, tasks.len())).await;
@@ -727,4 +807,27 @@ async fn an_answer_for_another_number_of_records_than_a_batch_holds_is_a_protoco
         outcomes.iter().all(|o| matches!(o, Err(Error::Protocol { .. }))),
         "{outcomes:?}"
     );
+}
+
+#[actix_rt::test]
+async fn a_producer_finds_its_way_to_a_node_whose_batches_are_smaller_than_its_own() {
+    // 2 KiB batches, 6 KiB frames: the producer's first batches of 100
+    // appends of 100 bytes are refused, as too large or Rejected, and
+    // sent again alone; later ones are smaller.
+    let limits = ClientLimits::for_batch_bytes(2048);
+    let served = Served::leader_with(limits, |config| config.log.max_batch_bytes = 2048).await;
+    let producer = Producer::connect(served.addr).await.unwrap();
+    for round in 0..3 {
+        let appends: Vec<_> = (0..100)
+            .map(|i| {
+                let producer = producer.clone();
+                tokio::spawn(async move { producer.append(vec![format!("{round}-{i:0>96}").into_bytes()]).await })
+            })
+            .collect();
+        for outcome in outcomes_of(appends).await {
+            outcome.expect("every append commits");
+        }
+    }
+    assert_eq!(served.data_values().await.len(), 300);
+    served.stop().await;
 }
