@@ -345,7 +345,8 @@ impl Default for ProducerOptions {
 /// connection, the first has the lower offsets. An append that fails does
 /// not stop those made after it. (One whose outcome is unknown after its
 /// connection failed may still be taken by the node after appends sent on
-/// the next connection.) An append whose caller stopped waiting before it
+/// the next connection, and one sent again after a refusal, see below,
+/// lands after appends made later that were already on their way.) An append whose caller stopped waiting before it
 /// was written is not sent.
 ///
 /// When the connection fails, or the oldest append waits longer than
@@ -385,9 +386,12 @@ pub struct Producer {
 struct Job {
     records: Vec<ByteBuf>,
     answer: Answer,
-    /// It goes in a batch of its own: it was in a batch the node refused
-    /// as too large.
+    /// It goes in a batch of its own: it was in a batch of several that the
+    /// node refused (as too large, or `Rejected`).
     alone: bool,
+    /// Its place in the order appends were taken from the queue: appends
+    /// sent again go back in that order.
+    seq: u64,
 }
 
 impl Producer {
@@ -411,6 +415,7 @@ impl Producer {
             queue,
             front: VecDeque::new(),
             max_batch_bytes: options.max_batch_bytes,
+            taken: 0,
             connection: Some(PipelinedConnection::new(stream)),
         };
         tokio::spawn(async move { pipeline.run().await });
@@ -430,6 +435,7 @@ impl Producer {
             records: records.into_iter().map(ByteBuf::from).collect(),
             answer,
             alone: false,
+            seq: 0,
         };
         let ended = "the producer's connection task has ended";
         if self.jobs.send(job).await.is_err() {
@@ -459,6 +465,8 @@ struct Pipeline {
     /// The largest batch to make now ([`ProducerOptions::max_batch_bytes`],
     /// lowered by refusals).
     max_batch_bytes: usize,
+    /// Appends taken from the queue so far (the next one's `seq`).
+    taken: u64,
     /// `None` from a failure until an append needs a connection again.
     connection: Option<PipelinedConnection>,
 }
@@ -477,7 +485,7 @@ impl Pipeline {
         tokio::pin!(answer_deadline);
         loop {
             let Some(connection) = self.connection.as_mut() else {
-                let Some(job) = next_job(&mut self.front, &mut self.queue).await else {
+                let Some(job) = next_job(&mut self.front, &mut self.queue, &mut self.taken).await else {
                     return;
                 };
                 match open(self.addr, self.options.connect_timeout).await {
@@ -546,7 +554,7 @@ impl Pipeline {
                     }
                     Err(err) => Some(Ended::Io(format!("write failed: {err}"))),
                 },
-                job = next_job(&mut self.front, &mut self.queue), if room && (!closed || !self.front.is_empty()) => {
+                job = next_job(&mut self.front, &mut self.queue, &mut self.taken), if room && (!closed || !self.front.is_empty()) => {
                     let Some(job) = job else {
                         closed = true;
                         continue;
@@ -566,7 +574,9 @@ impl Pipeline {
                             let first = batch.add(job, max_bytes);
                             debug_assert!(first.is_ok(), "an empty batch takes any append");
                         }
-                        next = match self.front.pop_front().map(Ok).unwrap_or_else(|| self.queue.try_recv()) {
+                        next = match self.front.pop_front().map(Ok).unwrap_or_else(|| {
+                            self.queue.try_recv().map(|job| numbered(job, &mut self.taken))
+                        }) {
                             Ok(job) => Some(job),
                             Err(mpsc::error::TryRecvError::Empty) => None,
                             Err(mpsc::error::TryRecvError::Disconnected) => {
@@ -591,10 +601,11 @@ impl Pipeline {
                     again.extend(connection.fail(self.addr, ended));
                 }
             }
-            // Before what waits in `front`, which was taken from the queue
-            // after them.
-            for job in again.into_iter().rev() {
-                self.front.push_front(job);
+            // In the order they were taken from the queue, among what waits
+            // in `front` (sent again earlier, or taken after them).
+            for job in again {
+                let at = self.front.partition_point(|waiting| waiting.seq < job.seq);
+                self.front.insert(at, job);
             }
         }
     }
@@ -603,11 +614,18 @@ impl Pipeline {
 /// The next append to send: the first in `front`, else the next queued.
 /// Cancel-safe: an append is taken from `front` only by the poll that
 /// returns it.
-async fn next_job(front: &mut VecDeque<Job>, queue: &mut mpsc::Receiver<Job>) -> Option<Job> {
+async fn next_job(front: &mut VecDeque<Job>, queue: &mut mpsc::Receiver<Job>, taken: &mut u64) -> Option<Job> {
     match front.pop_front() {
         Some(job) => Some(job),
-        None => queue.recv().await,
+        None => Some(numbered(queue.recv().await?, taken)),
     }
+}
+
+/// `job`, just taken from the queue, with its place in the order.
+fn numbered(mut job: Job, taken: &mut u64) -> Job {
+    job.seq = *taken;
+    *taken += 1;
+    job
 }
 
 /// Where the answer for an append's records goes.
@@ -704,8 +722,12 @@ struct PipelinedConnection {
     refused: bool,
     /// Appends of batches the node refused, to send again one by one.
     again: Vec<Job>,
-    /// A refused batch's size: batches must stay below it.
+    /// Half the smallest refused batch's size: batches must not exceed it.
     smaller_batches: Option<usize>,
+    /// The largest batch the node took on this connection: a batch no
+    /// larger that is `Rejected` was not refused for its size (the log is
+    /// full).
+    largest_taken: usize,
     next_correlation_id: u64,
 }
 
@@ -756,6 +778,7 @@ impl PipelinedConnection {
             refused: false,
             again: Vec::new(),
             smaller_batches: None,
+            largest_taken: 0,
             next_correlation_id: 0,
         }
     }
@@ -871,6 +894,7 @@ impl PipelinedConnection {
                         self.sent.push_front(sent);
                         return Err(reason);
                     }
+                    self.largest_taken = self.largest_taken.max(sent.bytes);
                     let mut base_offset = appended.base_offset;
                     for job in sent.jobs {
                         let last_offset = base_offset + job.records.len() as i64 - 1;
@@ -888,7 +912,12 @@ impl PipelinedConnection {
                     if too_large && sent.jobs.len() > 1 {
                         // The node wrote none of it, and may take each
                         // append alone (a full log refuses them again).
-                        self.smaller_batches = Some(sent.bytes / 2);
+                        let for_its_size =
+                            matches!(refusal, ClientError::PayloadTooLarge(_)) || sent.bytes > self.largest_taken;
+                        if for_its_size {
+                            let half = sent.bytes / 2;
+                            self.smaller_batches = Some(self.smaller_batches.map_or(half, |bytes| bytes.min(half)));
+                        }
                         self.again
                             .extend(sent.jobs.into_iter().map(|job| Job { alone: true, ..job }));
                     } else {
@@ -928,6 +957,7 @@ mod tests {
                     .collect(),
                 answer: oneshot::channel().0,
                 alone: false,
+                seq: 0,
             })
             .collect();
         fn frame<B>(body: B) -> ClientFrame<B> {
@@ -965,6 +995,7 @@ mod tests {
                     records,
                     answer,
                     alone: false,
+                    seq: 0,
                 }),
                 addr,
             );
@@ -995,6 +1026,7 @@ mod tests {
                 records: vec![ByteBuf::from(b"x".to_vec())],
                 answer,
                 alone: false,
+                seq: 0,
             }),
             addr,
         );

@@ -831,3 +831,93 @@ async fn a_producer_finds_its_way_to_a_node_whose_batches_are_smaller_than_its_o
     assert_eq!(served.data_values().await.len(), 300);
     served.stop().await;
 }
+
+#[actix_rt::test]
+async fn batches_rejected_in_answers_read_apart_are_sent_again_in_the_order_they_were_made() {
+    // Two records a batch, to have several batches.
+    let options = ProducerOptions {
+        max_batch_bytes: 28,
+        ..ProducerOptions::default()
+    };
+    let (producer, _listener, mut node) = stand_in_node_with(options).await;
+    let appends = spawn_appends(&producer, 20);
+    let batches = read_batches(&mut node, 20).await;
+    let several: Vec<usize> = (0..batches.len()).filter(|&i| batches[i].1.len() > 1).collect();
+    assert!(several.len() >= 2, "{batches:?}");
+    let (x, y) = (several[0], several[1]);
+    // Long refusals, so that the producer reads them in separate turns.
+    let rejected = ClientResponse::Error(ClientError::Rejected("z".repeat(40_000)));
+    let mut out = Vec::new();
+    let mut next_offset = 0;
+    for (i, (id, tasks)) in batches.iter().enumerate().take(y + 1) {
+        let body = if i == x || i == y {
+            rejected.clone()
+        } else {
+            next_offset += tasks.len() as i64;
+            appended_range(next_offset - tasks.len() as i64, tasks.len())
+        };
+        let frame = ClientFrame {
+            version: CLIENT_PROTOCOL_VERSION,
+            correlation_id: *id,
+            body,
+        };
+        encode_frame_into(&frame, &mut out).unwrap();
+    }
+    node.write_all(&out).await.unwrap();
+    let expected: Vec<usize> = batches[x].1.iter().chain(&batches[y].1).copied().collect();
+    let again: Vec<usize> = read_batches(&mut node, expected.len())
+        .await
+        .into_iter()
+        .flat_map(|(_, tasks)| tasks)
+        .collect();
+    assert_eq!(again, expected, "sent again in the order they were made");
+    drop(appends);
+}
+
+#[actix_rt::test]
+async fn a_batch_whose_outcome_is_unknown_is_not_sent_again() {
+    let (producer, _listener, mut node) = stand_in_node_with(ProducerOptions::default()).await;
+    let appends = spawn_appends(&producer, 4);
+    let batches = read_batches(&mut node, 4).await;
+    assert!(batches[0].1.len() > 1, "{batches:?}");
+    let unknown = ClientError::OutcomeUnknown("leadership lost".to_owned());
+    for (id, _) in &batches {
+        answer(&mut node, *id, ClientResponse::Error(unknown.clone())).await;
+    }
+    let outcomes = outcomes_of(appends).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Err(Error::Node(e)) if *e == unknown)),
+        "{outcomes:?}"
+    );
+    drop(producer);
+    assert!(read_request(&mut node).await.is_none(), "nothing sent again");
+}
+
+#[actix_rt::test]
+async fn a_rejected_batch_no_larger_than_one_taken_leaves_the_batches_as_they_were() {
+    let (producer, _listener, mut node) = stand_in_node_with(ProducerOptions::default()).await;
+    let mut next_offset = 0;
+    let taken = spawn_appends(&producer, 4);
+    for (id, tasks) in read_batches(&mut node, 4).await {
+        answer(&mut node, id, appended_range(next_offset, tasks.len())).await;
+        next_offset += tasks.len() as i64;
+    }
+    assert!(outcomes_of(taken).await.iter().all(Result::is_ok));
+    // As large as one taken: not refused for its size (a full log).
+    let rejected = spawn_appends(&producer, 4);
+    let batches = read_batches(&mut node, 4).await;
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    let full = ClientError::Rejected("the log is full".to_owned());
+    answer(&mut node, batches[0].0, ClientResponse::Error(full.clone())).await;
+    for (id, _) in read_batches(&mut node, 4).await {
+        answer(&mut node, id, ClientResponse::Error(full.clone())).await;
+    }
+    assert!(outcomes_of(rejected).await.iter().all(|o| o.is_err()));
+    let later = spawn_appends(&producer, 8);
+    let batches = read_batches(&mut node, 8).await;
+    assert_eq!(batches.len(), 1, "batches as large as before: {batches:?}");
+    answer(&mut node, batches[0].0, appended_range(next_offset, 8)).await;
+    assert!(outcomes_of(later).await.iter().all(Result::is_ok));
+}
