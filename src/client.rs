@@ -839,7 +839,9 @@ impl PipelinedConnection {
             let Sent { ends_at, jobs, .. } = sent;
             jobs.into_iter().map(move |job| (ends_at, job))
         });
-        if self.refused {
+        // After a refusal as too large the node took nothing more, unless
+        // it answered again (a protocol error): then nothing is sent again.
+        if self.refused && !matches!(ended, Ended::Protocol(_)) {
             return jobs.map(|(_, job)| job).collect();
         }
         for (ends_at, job) in jobs {
@@ -885,6 +887,12 @@ impl PipelinedConnection {
             let Some(frame) = buffered.get(4..4 + len as usize) else {
                 break;
             };
+            if self.refused {
+                // The node reads nothing after a frame it refuses as too
+                // large; an answer now may be for records it wrote, which
+                // must not be sent again.
+                return Err("an answer after a refusal as too large".to_owned());
+            }
             let Some(sent) = self.sent.pop_front() else {
                 return Err("an answer to no request".to_owned());
             };

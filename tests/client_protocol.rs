@@ -498,6 +498,16 @@ async fn outcomes_of(appends: Vec<tokio::task::JoinHandle<Result<Appended, Error
     outcomes
 }
 
+/// One append, which must come on a new connection to the stand-in
+/// node and commit at `offset`.
+async fn append_on_a_new_connection(producer: &Producer, listener: &TcpListener, offset: i64) {
+    let next = spawn_appends(producer, 1);
+    let (mut node, _) = tokio::time::timeout(WAIT, listener.accept()).await.unwrap().unwrap();
+    let (id, _) = read_request(&mut node).await.expect("a request on the new connection");
+    answer(&mut node, id, appended_at(offset)).await;
+    assert_eq!(outcomes_of(next).await[0].as_ref().unwrap().base_offset, offset);
+}
+
 /// Reads `n` appends of [`spawn_appends`] as a stand-in node: the
 /// correlation id of each and the index of the task that made it (from its
 /// record, `r<index>`).
@@ -554,11 +564,7 @@ async fn when_its_connection_fails_a_producer_fails_the_unanswered_appends_and_r
         "{outcomes:?}"
     );
 
-    let next = spawn_appends(&producer, 1);
-    let (mut node, _) = tokio::time::timeout(WAIT, listener.accept()).await.unwrap().unwrap();
-    let (id, _) = read_request(&mut node).await.expect("a request on the new connection");
-    answer(&mut node, id, appended_at(1)).await;
-    assert_eq!(outcomes_of(next).await[0].as_ref().unwrap().base_offset, 1);
+    append_on_a_new_connection(&producer, &listener, 1).await;
 }
 
 #[actix_rt::test]
@@ -737,11 +743,7 @@ async fn a_producer_takes_a_node_that_does_not_answer_in_time_for_unreachable_an
         "the producer closed the connection"
     );
 
-    let next = spawn_appends(&producer, 1);
-    let (mut node, _) = tokio::time::timeout(WAIT, listener.accept()).await.unwrap().unwrap();
-    let (id, _) = read_request(&mut node).await.expect("a request on the new connection");
-    answer(&mut node, id, appended_at(7)).await;
-    assert_eq!(outcomes_of(next).await[0].as_ref().unwrap().base_offset, 7);
+    append_on_a_new_connection(&producer, &listener, 7).await;
 }
 
 #[actix_rt::test]
@@ -920,4 +922,36 @@ async fn a_rejected_batch_no_larger_than_one_taken_leaves_the_batches_as_they_we
     assert_eq!(batches.len(), 1, "batches as large as before: {batches:?}");
     answer(&mut node, batches[0].0, appended_range(next_offset, 8)).await;
     assert!(outcomes_of(later).await.iter().all(Result::is_ok));
+}
+
+#[actix_rt::test]
+async fn an_answer_after_a_refusal_as_too_large_fails_the_rest_as_a_protocol_error_and_sends_nothing_again() {
+    let (producer, _listener, mut node) = stand_in_node().await;
+    let appends = spawn_appends(&producer, 3);
+    let sent = read_appends(&mut node, 3).await;
+    // A node that misbehaves: it answers a frame sent after the refused one.
+    let mut out = Vec::new();
+    for (id, body) in [
+        (
+            sent[0].0,
+            ClientResponse::Error(ClientError::PayloadTooLarge("too large".to_owned())),
+        ),
+        (sent[1].0, appended_at(0)),
+    ] {
+        let frame = ClientFrame {
+            version: CLIENT_PROTOCOL_VERSION,
+            correlation_id: id,
+            body,
+        };
+        encode_frame_into(&frame, &mut out).unwrap();
+    }
+    node.write_all(&out).await.unwrap();
+    let outcomes = outcomes_of(appends).await;
+    assert!(
+        matches!(&outcomes[sent[0].1], Err(Error::Node(ClientError::PayloadTooLarge(_)))),
+        "{outcomes:?}"
+    );
+    for (_, task) in &sent[1..] {
+        assert!(matches!(&outcomes[*task], Err(Error::Protocol { .. })), "{outcomes:?}");
+    }
 }

@@ -796,14 +796,21 @@ mod tests {
         assert_eq!(node.replies.borrow().len(), 2, "one answered, one more taken");
     }
 
-    #[actix_rt::test]
-    async fn frames_that_keep_arriving_whole_keep_the_connection_though_each_read_ends_inside_one() {
+    /// A listener for a held node whose frames must arrive whole within
+    /// `frame_timeout`.
+    fn serve_with_frame_timeout(frame_timeout: Duration) -> (Held, LocalServer, SocketAddr) {
         let limits = ClientLimits {
-            frame_timeout: Duration::from_millis(500),
+            frame_timeout,
             ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
         };
         let node = Held::default();
         let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).unwrap();
+        (node, server, addr)
+    }
+
+    #[actix_rt::test]
+    async fn frames_that_keep_arriving_whole_keep_the_connection_though_each_read_ends_inside_one() {
+        let (node, server, addr) = serve_with_frame_timeout(Duration::from_millis(500));
         let frame_len = append_frame(0, 100).len();
         let mut bytes = Vec::new();
         for i in 0..5 {
@@ -833,12 +840,7 @@ mod tests {
 
     #[actix_rt::test]
     async fn a_frame_that_does_not_arrive_whole_in_time_closes_the_connection() {
-        let limits = ClientLimits {
-            frame_timeout: Duration::from_millis(200),
-            ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
-        };
-        let node = Held::default();
-        let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).unwrap();
+        let (node, server, addr) = serve_with_frame_timeout(Duration::from_millis(200));
         let frame = append_frame(1, 100);
         // Whole frames, slowly, keep the connection.
         let mut stream = TcpStream::connect(addr).await.unwrap();
