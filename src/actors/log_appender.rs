@@ -713,15 +713,22 @@ pub struct LogAppender {
     chunks: Option<Sender<ChunkRead>>,
 }
 
-/// Wakes a task-run store; on drop too, so the task sees the channel
-/// disconnected once the last handle is gone.
+/// Wakes the store's worker after every push, and on drop too, so that it
+/// sees the queue disconnected once the last handle is gone.
 #[derive(Clone)]
-struct Waker(Option<Arc<Notify>>);
+enum Waker {
+    /// The storage thread, which waits in [`next_command`].
+    Thread(std::thread::Thread),
+    /// A task-run store ([`LogAppender::spawn_task`]).
+    Task(Arc<Notify>),
+}
 
 impl Waker {
     fn wake(&self) {
-        if let Some(notify) = &self.0 {
-            notify.notify_one();
+        match self {
+            // An atomic swap; a system call only if the thread is parked.
+            Waker::Thread(thread) => thread.unpark(),
+            Waker::Task(notify) => notify.notify_one(),
         }
     }
 }
@@ -774,7 +781,7 @@ impl LogAppender {
             .spawn(move || worker.run(rx))?;
         let appender = LogAppender {
             tx,
-            wake: Waker(None),
+            wake: Waker::Thread(thread.thread().clone()),
             counters,
             chunks,
         };
@@ -835,7 +842,7 @@ impl LogAppender {
         (
             LogAppender {
                 tx,
-                wake: Waker(Some(wake)),
+                wake: Waker::Task(wake),
                 counters,
                 chunks: None,
             },
@@ -1013,13 +1020,46 @@ impl LogAppender {
     /// `Overloaded`, and the task ends once every handle is dropped.
     pub fn shutdown(&self) -> Result<oneshot::Receiver<()>, AppenderError> {
         let (reply, rx) = oneshot::channel();
-        if self.wake.0.is_some() {
+        if matches!(self.wake, Waker::Task(_)) {
             self.push(Command::Shutdown(reply))?;
             return Ok(rx);
         }
-        match self.tx.send(Command::Shutdown(reply)) {
+        let sent = self.tx.send(Command::Shutdown(reply));
+        self.wake.wake();
+        match sent {
             Ok(()) => Ok(rx),
             Err(_) => Err(AppenderError::Stopped),
+        }
+    }
+}
+
+/// The storage thread's next command, waiting at most `timeout` (without
+/// one, until a command comes or every handle is gone).
+///
+/// An empty queue parks the thread at once; every push unparks it
+/// ([`Waker::Thread`]). crossbeam's own `recv` first spins and then calls
+/// `sched_yield` up to four times before it parks, and on two busy vCPUs
+/// each yield could keep the thread off the CPU for a millisecond or more
+/// while a push, finding no parked receiver to wake, waited for it: at
+/// C=256 a follower's records waited about a millisecond between arriving
+/// and being written (BENCHMARKS.md, session of 2026-12-06, sixth).
+fn next_command<T>(rx: &Receiver<T>, timeout: Option<Duration>) -> Result<T, RecvTimeoutError> {
+    let deadline = timeout.map(|timeout| Instant::now() + timeout);
+    loop {
+        match rx.try_recv() {
+            Ok(command) => return Ok(command),
+            Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+            Err(TryRecvError::Empty) => {}
+        }
+        // A push between the look above and the park leaves the thread's
+        // token set, and the park returns at once; a wake-up for nothing
+        // (a token meant for another wait on this thread) only loops.
+        match deadline {
+            None => std::thread::park(),
+            Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => std::thread::park_timeout(left),
+                _ => return Err(RecvTimeoutError::Timeout),
+            },
         }
     }
 }
@@ -1092,10 +1132,7 @@ impl StorageThread {
     fn run(mut self, rx: Receiver<Command>) {
         let mut group: Vec<Command> = Vec::with_capacity(64);
         let exit = loop {
-            let received = match self.trim_due() {
-                true => rx.recv_timeout(IDLE_BEFORE_TRIM),
-                false => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            };
+            let received = next_command(&rx, self.trim_due().then_some(IDLE_BEFORE_TRIM));
             match received {
                 Ok(command) => group.push(command),
                 Err(RecvTimeoutError::Timeout) => {
@@ -2010,6 +2047,59 @@ pub(crate) mod tests {
                 mutations: 1
             })
         );
+    }
+
+    /// The storage thread parks whenever its queue is empty (it does not
+    /// spin or yield first), so every push must wake it, and so must the
+    /// drop of the last handle: a flush asked of a parked thread is done,
+    /// round after round, and the thread ends with its handles.
+    #[test]
+    fn a_parked_storage_thread_wakes_for_every_push_and_for_its_last_handle() {
+        let (store, flushes) = store();
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let (appender, thread) = LogAppender::spawn(1, Box::new(store), None, events).unwrap();
+        for round in 0..3i64 {
+            // Time for the thread to park (it parks either way; a shorter
+            // wait only tests the path where the push comes first).
+            std::thread::sleep(Duration::from_millis(20));
+            appender.append(batch(round * 2, 1, 2)).unwrap();
+            appender.flush().unwrap();
+            assert!(
+                matches!(
+                    next_event(&mut events_rx),
+                    Some(StorageEvent::Flushed { durable_end, .. }) if durable_end == round * 2 + 2
+                ),
+                "round {round}: the parked thread did not take the flush"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        drop(appender);
+        let (ended_tx, ended_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || ended_tx.send(thread.join().is_ok()));
+        assert_eq!(
+            ended_rx.recv_timeout(LIVENESS_WAIT),
+            Ok(true),
+            "the parked thread must end with its last handle"
+        );
+        // The three asked for, and the one every thread makes as it ends.
+        assert_eq!(flushes.load(Ordering::SeqCst), 4);
+    }
+
+    #[test]
+    fn next_command_times_out_and_sees_the_queue_disconnected() {
+        let (tx, rx) = command_queue::<u32>();
+        assert_eq!(
+            next_command(&rx, Some(Duration::from_millis(5))),
+            Err(RecvTimeoutError::Timeout)
+        );
+        tx.send(7).unwrap();
+        assert_eq!(
+            next_command(&rx, Some(Duration::ZERO)),
+            Ok(7),
+            "a queued command comes before any wait"
+        );
+        drop(tx);
+        assert_eq!(next_command(&rx, None), Err(RecvTimeoutError::Disconnected));
     }
 
     #[test]
