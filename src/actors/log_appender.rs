@@ -1039,10 +1039,9 @@ impl LogAppender {
 /// An empty queue parks the thread at once; every push unparks it
 /// ([`Waker::Thread`]). crossbeam's own `recv` first spins and then calls
 /// `sched_yield` up to four times before it parks, and on two busy vCPUs
-/// each yield could keep the thread off the CPU for a millisecond or more
-/// while a push, finding no parked receiver to wake, waited for it: at
-/// C=256 a follower's records waited about a millisecond between arriving
-/// and being written (BENCHMARKS.md, session of 2026-12-06, sixth).
+/// a yield could keep the thread off the CPU for 1-2 ms while a command
+/// pushed meanwhile, finding no parked receiver to wake, waited for it
+/// (traced at C=256: BENCHMARKS.md, session of 2026-12-06, sixth).
 fn next_command<T>(rx: &Receiver<T>, timeout: Option<Duration>) -> Result<T, RecvTimeoutError> {
     let deadline = timeout.map(|timeout| Instant::now() + timeout);
     loop {
