@@ -12,6 +12,7 @@
 # 6, past the warm-up), then samples for SECONDS (default 5). Linux only;
 # needs curl. It reads /proc and the nodes' HTTP API and changes nothing.
 set -euo pipefail
+export LC_ALL=C
 
 seconds=${1:-5}
 settle=${2:-6}
@@ -33,7 +34,7 @@ while :; do
         if [ -n "$age" ] && [ "$age" -ge "$settle" ]; then ready=1; fi
     done
     [ -n "$ready" ] && break
-    if [ "$waited" -ge 600 ]; then
+    if [ "$waited" -ge 1200 ]; then
         echo "no kraft-bench cluster ran for ${settle}s within 10 minutes" >&2
         exit 1
     fi
@@ -58,13 +59,15 @@ threads() { # $1: before|after; pid/tid name ticks
     for pid in $pids $(pgrep -f "kraft-bench (ab|cluster)" || true); do
         for task in /proc/"$pid"/task/*; do
             [ -r "$task/stat" ] || continue
-            echo "$pid/$(basename "$task") $(tr ' ' _ <"$task/comm") $(awk '{print $14 + $15}' "$task/stat")"
+            # utime and stime are the 12th and 13th fields after the
+            # name, which may hold spaces ("log flusher").
+            echo "$pid/$(basename "$task") $(tr ' ' _ <"$task/comm") $(sed 's/.*) //' "$task/stat" | awk '{print $12 + $13}')"
         done
     done 2>/dev/null | sort >"$tmp/threads-$1"
 }
 
 disk() { # $1: before|after; the device under the data directories
-    grep -w "$device" /proc/diskstats >"$tmp/disk-$1"
+    grep -w "$device" /proc/diskstats >"$tmp/disk-$1" || true
 }
 
 config=$(config_of "$(echo "$pids" | head -1)")
@@ -90,10 +93,14 @@ done
 
 echo "== threads, cores (over 1%)"
 join "$tmp/threads-before" "$tmp/threads-after" |
-    awk -v s="$seconds" '{ c = ($5 - $3) / 100 / s; total += c; if (c > 0.01) printf "  %-16s %-18s %.2f\n", $1, $2, c }
+    awk -v s="$seconds" -v hz="$(getconf CLK_TCK)" '{ c = ($5 - $3) / hz / s; total += c; if (c > 0.01) printf "  %-16s %-18s %.2f\n", $1, $2, c }
         END { printf "  all of them: %.2f cores\n", total }' | sort -k3 -rn
 
 echo "== disk $device"
+if [ ! -s "$tmp/disk-before" ] || [ ! -s "$tmp/disk-after" ]; then
+    echo "  not in /proc/diskstats (the data directory is on $(df --output=source "$data_dir" | tail -1))"
+    exit 0
+fi
 paste "$tmp/disk-before" "$tmp/disk-after" | awk -v s="$seconds" -v n="$(awk '{print NF}' "$tmp/disk-before")" '{
     w = $(n + 8) - $8; wms = $(n + 11) - $11; busy = $(n + 13) - $13
     printf "  writes %.0f/s (%.3f ms each), busy %.0f%% of the time", w / s, w ? wms / w : 0, busy / 10 / s

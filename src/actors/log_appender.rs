@@ -703,9 +703,10 @@ impl SnapshotThread {
 #[derive(Clone)]
 pub struct LogAppender {
     tx: Sender<Command>,
-    /// Set when the store runs on a task ([`LogAppender::spawn_task`]):
-    /// woken after every push, and when a handle is dropped. Declared after
-    /// `tx` so that a dropped handle's sender is gone before the wake-up.
+    /// The storage thread, or the task of a task-run store
+    /// ([`LogAppender::spawn_task`]): woken after every push, and when a
+    /// handle is dropped. Declared after `tx` so that a dropped handle's
+    /// sender is gone before the wake-up.
     wake: Waker,
     counters: Arc<StorageCounters>,
     /// The [`ChunkServer`] thread, when there is one; else chunks are read
