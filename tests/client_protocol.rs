@@ -476,6 +476,17 @@ fn appended_range(base_offset: i64, records: usize) -> ClientResponse {
     })
 }
 
+/// Answers `batches` in order, each as appended at the offsets after the
+/// one before, the first at `first`; returns the offset after the last.
+async fn answer_appended(node: &mut TcpStream, batches: &[(u64, Vec<usize>)], first: i64) -> i64 {
+    let mut next_offset = first;
+    for (id, tasks) in batches {
+        answer(node, *id, appended_range(next_offset, tasks.len())).await;
+        next_offset += tasks.len() as i64;
+    }
+    next_offset
+}
+
 fn spawn_appends(producer: &Producer, n: usize) -> Vec<tokio::task::JoinHandle<Result<Appended, Error>>> {
     (0..n)
         .map(|i| {
@@ -656,11 +667,7 @@ async fn a_batch_rejected_is_sent_again_one_append_at_a_time_and_later_batches_a
             .all(|(_, tasks)| tasks.len() * 14 <= first_bytes / 2 + 14),
         "{batches:?} after a refused batch of {first_records}"
     );
-    let mut next_offset = 10;
-    for (id, tasks) in &batches {
-        answer(&mut node, *id, appended_range(next_offset, tasks.len())).await;
-        next_offset += tasks.len() as i64;
-    }
+    answer_appended(&mut node, &batches, 10).await;
     assert!(outcomes_of(later).await.iter().all(Result::is_ok));
 }
 
@@ -759,15 +766,13 @@ async fn appends_waiting_together_go_out_as_one_batch_and_each_caller_gets_its_o
     let appends = spawn_appends(&producer, 20);
     let batches = read_batches(&mut node, 20).await;
     assert!(batches.len() < 20, "appends made at once are batched: {batches:?}");
-    let mut expected = BTreeMap::new();
-    let mut next_offset = 100;
-    for (id, tasks) in &batches {
-        answer(&mut node, *id, appended_range(next_offset, tasks.len())).await;
-        for task in tasks {
-            expected.insert(*task, next_offset);
-            next_offset += 1;
-        }
-    }
+    answer_appended(&mut node, &batches, 100).await;
+    // The batches' records took consecutive offsets, each task's its own.
+    let expected: BTreeMap<usize, i64> = batches
+        .iter()
+        .flat_map(|(_, tasks)| tasks.iter().copied())
+        .zip(100..)
+        .collect();
     for (task, outcome) in outcomes_of(appends).await.into_iter().enumerate() {
         let appended = outcome.unwrap();
         assert_eq!(
@@ -789,11 +794,7 @@ async fn a_batch_holds_at_most_max_batch_bytes() {
     let batches = read_batches(&mut node, 10).await;
     assert!(batches.iter().all(|(_, tasks)| tasks.len() <= 3), "{batches:?}");
     assert!(batches.iter().any(|(_, tasks)| tasks.len() == 3), "{batches:?}");
-    let mut next_offset = 0;
-    for (id, tasks) in &batches {
-        answer(&mut node, *id, appended_range(next_offset, tasks.len())).await;
-        next_offset += tasks.len() as i64;
-    }
+    answer_appended(&mut node, &batches, 0).await;
     assert!(outcomes_of(appends).await.iter().all(Result::is_ok));
 }
 
@@ -900,12 +901,9 @@ async fn a_batch_whose_outcome_is_unknown_is_not_sent_again() {
 #[actix_rt::test]
 async fn a_rejected_batch_no_larger_than_one_taken_leaves_the_batches_as_they_were() {
     let (producer, _listener, mut node) = stand_in_node_with(ProducerOptions::default()).await;
-    let mut next_offset = 0;
     let taken = spawn_appends(&producer, 4);
-    for (id, tasks) in read_batches(&mut node, 4).await {
-        answer(&mut node, id, appended_range(next_offset, tasks.len())).await;
-        next_offset += tasks.len() as i64;
-    }
+    let batches = read_batches(&mut node, 4).await;
+    let next_offset = answer_appended(&mut node, &batches, 0).await;
     assert!(outcomes_of(taken).await.iter().all(Result::is_ok));
     // As large as one taken: not refused for its size (a full log).
     let rejected = spawn_appends(&producer, 4);
