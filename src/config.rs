@@ -1,4 +1,4 @@
-//! `config.toml`: the model (DESIGN.md §6), validation and command-line
+//! `config.toml`: the model (the README's "Configuration"), validation and command-line
 //! overrides.
 //!
 //! Configuration is untrusted input, so it is validated once, here, into the
@@ -45,7 +45,7 @@ const SOCKET_ADDR_EXPECTED: &str = "a socket address ip:port, e.g. \"127.0.0.1:9
 /// Most `listeners.http_workers`.
 pub const MAX_HTTP_WORKERS: usize = 64;
 
-/// Defaults of DESIGN.md §6, one constant per key.
+/// Defaults of the README's "Configuration", one constant per key.
 pub mod defaults {
     pub const NODE_ID: i32 = 1;
     pub const DATA_DIR: &str = "./data/node-1";
@@ -125,7 +125,7 @@ impl ConfigError {
     }
 }
 
-/// A validated configuration. Every field has the default of DESIGN.md §6.
+/// A validated configuration. Every field has the default of the README's "Configuration".
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub node: NodeConfig,
@@ -222,7 +222,7 @@ pub struct SnapshotConfig {
 }
 
 impl Default for Config {
-    /// The single-node default of DESIGN.md §6 (the repository's `config.toml`).
+    /// The single-node default of the README's "Configuration" (the repository's `config.toml`).
     fn default() -> Self {
         use defaults::*;
         Config {

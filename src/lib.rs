@@ -8,3 +8,4 @@ pub mod messages;
 pub mod node;
 pub mod raft;
 pub mod storage;
+pub mod types;

@@ -24,57 +24,32 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, Addr, AsyncContext, Context, Message, Recipient};
-use serde::{Deserialize, Serialize};
+use actix::{Actor, Addr, AsyncContext, Context, Recipient};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info, warn};
 
+use crate::actors::append_forwarder::{AppendForwarder, StopForwarder};
 use crate::actors::fetch_purgatory::{FetchPurgatory, GetCommitStats, StopPurgatory};
-use crate::actors::log_appender::{AppenderStore, LogAppender, StorageEvent, StorageWorker};
+use crate::actors::log_appender::{LogAppender, StorageEvent, StorageWorker};
 use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
 pub use crate::actors::quorum_state::SnapshotInfo;
 use crate::actors::quorum_state::{
-    AppendForwarder, AppendReply, CreateSnapshot, Describe, GetMetrics, Propose, ProposeMany, QuorumPeers, QuorumState,
-    ReadCommitted, Shutdown, StopForwarder, StopReason,
+    CreateSnapshot, Describe, GetMetrics, Propose, ProposeMany, QuorumPeers, QuorumState, ReadCommitted, Shutdown,
+    StopReason,
 };
 use crate::actors::request_manager::RequestManager;
 use crate::actors::snapshot_policy::{HeldSnapshot, SnapshotPolicy};
 use crate::actors::transport::{self, RaftServer};
 use crate::config::Config;
+pub use crate::messages::actor::{Committed, LeaderChanged, Listener};
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
-use crate::messages::{Record, SnapshotId};
-use crate::raft::{ElectionState, Epoch, LogView, NodeId, Offset, RaftConfig, RaftNode};
+pub use crate::messages::records::{CommittedRecord, LogEntry, LogPage, RecordPage};
+use crate::messages::SnapshotId;
+use crate::raft::{ElectionState, LogView, NodeId, Offset, RaftConfig, RaftNode};
+use crate::storage::AppenderStore;
 use crate::storage::{snapshot, LogStore, SledStore, StorageError};
-
-/// Where committed records landed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Appended {
-    pub base_offset: Offset,
-    pub last_offset: Offset,
-    pub epoch: Epoch,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AppendError {
-    /// No leader is known, or the known one could not be reached. Nothing
-    /// was written.
-    #[error("not the leader; leader is {leader_id:?}")]
-    NotLeader {
-        leader_id: Option<NodeId>,
-        leader_endpoint: Option<String>,
-    },
-    /// Leadership was lost (or the leader became unreachable) after the
-    /// records were handed over: they may or may not commit. Never retried
-    /// behind the caller's back.
-    #[error("outcome unknown: {0}")]
-    OutcomeUnknown(String),
-    /// Empty or oversized request; nothing was written.
-    #[error("rejected: {0}")]
-    Rejected(String),
-    /// The node is shutting down or has failed.
-    #[error("node unavailable: {0}")]
-    Unavailable(String),
-}
+use crate::types::AppendReply;
+pub use crate::types::{AppendError, Appended, MetricsSnapshot, NodeError, QuorumStatus, ReplicaStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -92,147 +67,6 @@ pub enum StartError {
     },
     #[error("{0}")]
     Other(String),
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("node unavailable: {0}")]
-pub struct NodeError(pub String);
-
-/// One replica's progress as the leader sees it (`GET /v1/quorum`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReplicaStatus {
-    pub id: NodeId,
-    pub log_end_offset: Option<Offset>,
-    pub last_fetch_ms_ago: Option<u64>,
-    pub last_caught_up_ms_ago: Option<u64>,
-}
-
-/// The body of `GET /v1/quorum`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QuorumStatus {
-    pub cluster_id: String,
-    pub node_id: NodeId,
-    /// unattached, prospective, candidate, leader, follower, resigned, observer
-    pub role: String,
-    pub leader_id: Option<NodeId>,
-    pub leader_epoch: Epoch,
-    pub high_watermark: Offset,
-    pub log_start_offset: Offset,
-    pub log_end_offset: Offset,
-    pub voters: Vec<ReplicaStatus>,
-    pub observers: Vec<ReplicaStatus>,
-}
-
-/// One committed record as `GET /v1/log` shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct LogEntry {
-    pub offset: Offset,
-    pub epoch: Epoch,
-    /// data, leader_change, noop
-    pub kind: String,
-    /// The text of a data record (lossy UTF-8); None for control records.
-    pub value: Option<String>,
-}
-
-/// The body of `GET /v1/log`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct LogPage {
-    pub high_watermark: Offset,
-    pub log_start_offset: Offset,
-    pub records: Vec<LogEntry>,
-}
-
-/// A committed record: delivered to a listener, and read with
-/// [`NodeHandle::read_records`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommittedRecord {
-    pub offset: Offset,
-    pub epoch: Epoch,
-    pub record: Record,
-}
-
-/// Committed records as the log holds them: what [`LogPage`] shows as
-/// text, with a data record's bytes as they were appended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RecordPage {
-    pub high_watermark: Offset,
-    pub log_start_offset: Offset,
-    /// From the offset asked for, contiguous, control records included.
-    /// Below the log start they come from the newest snapshot, and the
-    /// page ends at the log start.
-    pub records: Vec<CommittedRecord>,
-}
-
-impl From<RecordPage> for LogPage {
-    fn from(page: RecordPage) -> LogPage {
-        LogPage {
-            high_watermark: page.high_watermark,
-            log_start_offset: page.log_start_offset,
-            records: page
-                .records
-                .into_iter()
-                .map(|committed| LogEntry {
-                    offset: committed.offset,
-                    epoch: committed.epoch,
-                    kind: committed.record.kind().to_string(),
-                    value: match &committed.record {
-                        Record::Data(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
-                        _ => None,
-                    },
-                })
-                .collect(),
-        }
-    }
-}
-
-/// Delivered to every registered listener, in log order, each committed
-/// record exactly once per registration (from offset 0 / the log start).
-#[derive(Message, Clone, Debug)]
-#[rtype(result = "()")]
-pub struct Committed {
-    pub records: Vec<CommittedRecord>,
-    pub high_watermark: Offset,
-}
-
-/// Delivered to listeners when the leader changes. On the leader itself it
-/// is delivered only once the listener has been given every record up to
-/// the leader's epoch start offset (its LeaderChange record).
-#[derive(Message, Clone, Debug, PartialEq, Eq)]
-#[rtype(result = "()")]
-pub struct LeaderChanged {
-    pub epoch: Epoch,
-    pub leader_id: Option<NodeId>,
-}
-
-/// What `/metrics` exports (Kafka's raft metric names).
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct MetricsSnapshot {
-    /// RoleKind::metric_code
-    pub current_state: i32,
-    pub current_leader: i32,
-    pub current_epoch: Epoch,
-    pub high_watermark: Offset,
-    pub log_end_offset: Offset,
-    pub commit_latency_avg_ms: f64,
-    pub commit_latency_max_ms: f64,
-    pub commits_total: u64,
-    pub append_records_total: u64,
-    pub fetch_records_total: u64,
-    pub election_latency_avg_ms: f64,
-    pub election_latency_max_ms: f64,
-    pub elections_total: u64,
-    /// Fetch requests this node answered (as leader: its followers' and
-    /// observers' fetch cycles).
-    pub fetch_requests_total: u64,
-    pub storage: crate::actors::log_appender::StorageStats,
-    pub uptime_ms: u64,
-}
-
-/// A listener registration: committed records and leader changes.
-#[derive(Clone)]
-pub struct Listener {
-    pub committed: Recipient<Committed>,
-    pub leader_changed: Option<Recipient<LeaderChanged>>,
 }
 
 // ---------------------------------------------------------------------
@@ -823,8 +657,9 @@ fn unavailable(e: actix::MailboxError) -> NodeError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::messages::Batch;
+    use crate::messages::{Batch, Record};
     use crate::storage::MemoryStore;
+    use crate::types::Epoch;
 
     fn id(end_offset: Offset, epoch: Epoch) -> SnapshotId {
         SnapshotId { end_offset, epoch }

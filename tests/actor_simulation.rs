@@ -326,9 +326,9 @@ fn fetches_overflowing_the_storage_queue_of_a_stalled_disk_do_not_stop_the_node(
 
     use actor_sim::disk::Disk;
     use actor_sim::world::paused_system;
-    use kraft::actors::log_appender::MAX_QUEUED_COMMANDS;
     use kraft::messages::actor::InboundRequest;
     use kraft::messages::{ErrorCode, FetchRequest, RaftRequest, RaftResponse};
+    use kraft::storage::MAX_QUEUED_COMMANDS;
 
     const OBSERVER: i32 = 100;
     paused_system().block_on(async {

@@ -1,4 +1,4 @@
-//! The deterministic cluster simulator (DESIGN.md §8): many seeds of random
+//! The deterministic cluster simulator (docs/ARCHITECTURE.md, "Testing"): many seeds of random
 //! faults with the invariants of §2 checked after every step, plus scripted
 //! scenarios named after the rule each one checks.
 //!

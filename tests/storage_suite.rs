@@ -1326,7 +1326,7 @@ fn sled_reopen_keeps_the_high_watermark_hint_and_refuses_to_truncate_below_it() 
     let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
     assert_eq!(store.high_watermark_hint(), 6);
     // What a starting node reads through the storage thread's trait.
-    let through_the_trait = kraft::actors::log_appender::AppenderStore::high_watermark_hint(&store);
+    let through_the_trait = kraft::storage::AppenderStore::high_watermark_hint(&store);
     assert_eq!(through_the_trait, 6);
     assert!(matches!(store.truncate(2), Err(StorageError::Invalid(_))));
     assert_eq!(store.end_offset(), 6);

@@ -1,5 +1,5 @@
-//! FetchPurgatory: pending append completions (DESIGN.md §1, §2 "Leader
-//! rules").
+//! FetchPurgatory: pending append completions (docs/ARCHITECTURE.md,
+//! "Actors and threads" and "Protocol rules").
 //!
 //! Parked long-poll *fetches* are decided inside the pure engine (it answers
 //! them with `RespondFetch` when data or the high watermark arrives, or when
@@ -25,8 +25,9 @@ use tokio::time::Instant;
 use actix::prelude::*;
 use tracing::debug;
 
-use crate::node::{AppendError, Appended};
-use crate::raft::{Epoch, Offset, Proposed, RoleInfo, RoleKind};
+use crate::raft::commit::{proposal_outcome, ProposalOutcome};
+use crate::raft::{Epoch, Offset, Proposed, RoleInfo};
+use crate::types::{AppendError, Appended};
 
 /// Most completions pending at once; registrations past it are refused.
 pub const MAX_PENDING_APPENDS: usize = 100_000;
@@ -126,16 +127,6 @@ impl PendingAppends {
         }
     }
 
-    /// True when leadership of `epoch` is known to be gone for good: a later
-    /// epoch was seen, or this epoch with another role.
-    fn lost(&self, epoch: Epoch) -> bool {
-        leadership_lost(self.role.as_ref(), epoch)
-    }
-
-    fn leads(&self, epoch: Epoch) -> bool {
-        matches!(&self.role, Some(role) if role.epoch == epoch && role.role == RoleKind::Leader)
-    }
-
     pub fn register(&mut self, proposed: Proposed, complete: Completion) {
         assert!(
             proposed.base_offset <= proposed.last_offset,
@@ -148,7 +139,7 @@ impl PendingAppends {
             ))));
             return;
         }
-        if self.lost(proposed.epoch) {
+        if proposal_outcome(&proposed, self.high_watermark, self.role.as_ref()) == ProposalOutcome::Unknown {
             complete(Err(lost_error(proposed.epoch)));
             return;
         }
@@ -178,7 +169,7 @@ impl PendingAppends {
         let mut kept = VecDeque::with_capacity(self.pending.len());
         for entry in self.pending.drain(..) {
             let epoch = entry.proposed.epoch;
-            if leadership_lost(self.role.as_ref(), epoch) {
+            if proposal_outcome(&entry.proposed, self.high_watermark, self.role.as_ref()) == ProposalOutcome::Unknown {
                 (entry.complete)(Err(lost_error(epoch)));
             } else {
                 kept.push_back(entry);
@@ -198,7 +189,7 @@ impl PendingAppends {
     fn maybe_complete(&mut self) {
         while let Some(front) = self.pending.front() {
             let proposed = front.proposed;
-            if !(proposed.last_offset < self.high_watermark && self.leads(proposed.epoch)) {
+            if proposal_outcome(&proposed, self.high_watermark, self.role.as_ref()) != ProposalOutcome::Committed {
                 break;
             }
             let entry = self.pending.pop_front().expect("front exists");
@@ -225,16 +216,6 @@ impl PendingAppends {
             commit_latency_max_ms: self.latency_max_ms,
             pending: self.pending.len(),
         }
-    }
-}
-
-/// True when `role` shows that leadership of `epoch` is gone for good: a
-/// later epoch, or this epoch in another role. An unknown role or an earlier
-/// epoch says nothing yet.
-fn leadership_lost(role: Option<&RoleInfo>, epoch: Epoch) -> bool {
-    match role {
-        Some(role) => role.epoch > epoch || (role.epoch == epoch && role.role != RoleKind::Leader),
-        None => false,
     }
 }
 
@@ -311,6 +292,7 @@ impl Handler<GetCommitStats> for FetchPurgatory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::raft::RoleKind;
     use std::sync::{Arc, Mutex};
 
     type Outcomes = Arc<Mutex<Vec<(u32, Result<Appended, AppendError>)>>>;

@@ -1,5 +1,5 @@
 //! MetadataListeners: delivery of committed records and leader changes to
-//! registered [`Listener`]s (DESIGN.md §1, §2 "Leader rules", §3).
+//! registered [`Listener`]s (docs/ARCHITECTURE.md, "Actors and threads" and "Protocol rules").
 //!
 //! Each listener has a cursor that starts at the log start. When the high
 //! watermark moves, the committed range `[cursor, hw)` is read in chunks and
@@ -41,8 +41,9 @@ use std::time::Duration;
 use tracing::{debug, error, warn};
 
 use crate::actors::log_appender::{AppenderError, LogAppender};
+use crate::messages::actor::{Committed, LeaderChanged, Listener};
+use crate::messages::records::CommittedRecord;
 use crate::messages::Record;
-use crate::node::{Committed, CommittedRecord, LeaderChanged, Listener};
 use crate::raft::{Epoch, NodeId, Offset, RoleInfo, RoleKind};
 
 /// Most bytes read for one delivery.

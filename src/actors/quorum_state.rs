@@ -1,5 +1,5 @@
 //! QuorumState: the actor shell around the pure engine [`RaftNode`]
-//! (DESIGN.md §1; the contract is in the docs of [`crate::raft`]).
+//! (docs/ARCHITECTURE.md, "Actors and threads"; the contract is in the docs of [`crate::raft`]).
 //!
 //! Every message this actor handles follows the same three steps:
 //!
@@ -42,19 +42,19 @@ use futures::future::{ready, BoxFuture, FutureExt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
+use crate::actors::append_forwarder::{AppendForwarder, Forward};
 use crate::actors::fetch_purgatory::{self, FetchPurgatory, HighWatermarkAdvanced, Register, RoleUpdate};
 use crate::actors::log_appender::{LogAppender, ReadResult, StorageEvent};
 use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, MetadataListeners};
 use crate::actors::snapshot_policy::SnapshotPolicy;
 use crate::actors::tail_cache::{TailCache, TAIL_CACHE_BYTES};
-use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
+use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
+use crate::messages::records::{CommittedRecord, RecordPage};
 use crate::messages::{
     AppendRequest, AppendResponse, Batch, ErrorCode, FetchResponse, RaftRequest, RaftResponse, Record, SnapshotId,
 };
-use crate::node::{
-    AppendError, Appended, CommittedRecord, MetricsSnapshot, NodeError, QuorumStatus, RecordPage, ReplicaStatus,
-};
 use crate::raft::{Action, NodeId, Offset, ProposeError, Proposed, RaftNode, RoleInfo, RoleKind};
+use crate::types::{AppendError, AppendReply, Appended, MetricsSnapshot, NodeError, QuorumStatus, ReplicaStatus};
 
 /// Longest the timer sleeps even when the engine has nothing due.
 const MAX_TIMER_MS: u64 = 10_000;
@@ -86,8 +86,6 @@ const READ_COMMITTED_MAX_BYTES: usize = 4 * 1024 * 1024;
 pub const READ_COMMITTED_MAX_RECORDS: usize = 10_000;
 /// Most local and forwarded appends awaiting commit on this node.
 const MAX_AWAITING_COMMIT: usize = fetch_purgatory::MAX_PENDING_APPENDS;
-/// Most appends a follower has forwarded and not yet heard back about.
-const MAX_FORWARDED_PENDING: usize = 10_000;
 
 // ---------------------------------------------------------------------
 // Messages
@@ -100,9 +98,6 @@ const MAX_FORWARDED_PENDING: usize = 10_000;
 pub struct Propose {
     pub records: Vec<Vec<u8>>,
 }
-
-/// Where one append's outcome goes.
-pub type AppendReply = oneshot::Sender<Result<Appended, AppendError>>;
 
 /// Several [`Propose`]s in one message, proposed in order; each outcome
 /// goes to its own reply as soon as it is known (one append's commit or
@@ -1528,183 +1523,6 @@ impl Handler<Shutdown> for QuorumState {
 // Forwarding appends from a follower to the leader
 // ---------------------------------------------------------------------
 
-/// Forward these records to the leader as `RaftRequest::Append`.
-#[derive(Message, Debug)]
-#[rtype(result = "Result<Appended, AppendError>")]
-pub struct Forward {
-    pub leader_id: NodeId,
-    pub records: Vec<Vec<u8>>,
-}
-
-/// Fail everything pending and stop.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct StopForwarder;
-
-struct PendingForward {
-    leader_id: NodeId,
-    reply: oneshot::Sender<Result<Appended, AppendError>>,
-}
-
-/// Sends a follower's local appends to the leader and relays the answer.
-///
-/// It lives beside QuorumState because it only serves its `Propose`, and it
-/// has its *own* RequestManager: a forwarded append is answered only when
-/// its records commit, and if it shared the RequestManager of the protocol
-/// (one request in flight per destination) it could hold up this node's
-/// Fetch to the same leader, which the commit may itself be waiting for. A
-/// separate manager also keeps its correlation ids apart from the engine's.
-pub struct AppendForwarder {
-    requests: Recipient<SendRequest>,
-    voters: BTreeMap<NodeId, String>,
-    pending: HashMap<u64, PendingForward>,
-    next_correlation_id: u64,
-}
-
-impl AppendForwarder {
-    pub fn new(requests: Recipient<SendRequest>, voters: BTreeMap<NodeId, String>) -> Self {
-        AppendForwarder {
-            requests,
-            voters,
-            pending: HashMap::new(),
-            next_correlation_id: 1,
-        }
-    }
-
-    fn not_leader(&self, leader_id: Option<NodeId>) -> AppendError {
-        let leader_endpoint = leader_id.and_then(|id| self.voters.get(&id).cloned());
-        AppendError::NotLeader {
-            leader_id,
-            leader_endpoint,
-        }
-    }
-
-    fn outcome(
-        &self,
-        leader_id: NodeId,
-        result: Result<RaftResponse, TransportError>,
-    ) -> Result<Appended, AppendError> {
-        match result {
-            Ok(RaftResponse::Append(AppendResponse::Committed {
-                base_offset,
-                last_offset,
-                epoch,
-            })) => Ok(Appended {
-                base_offset,
-                last_offset,
-                epoch,
-            }),
-            Ok(RaftResponse::Append(AppendResponse::NotLeader { leader_id })) => Err(self.not_leader(leader_id)),
-            Ok(RaftResponse::Append(AppendResponse::OutcomeUnknown { reason })) => {
-                Err(AppendError::OutcomeUnknown(reason))
-            }
-            Ok(RaftResponse::Append(AppendResponse::Rejected { reason })) => Err(AppendError::Rejected(reason)),
-            Ok(RaftResponse::Append(AppendResponse::Unavailable { reason })) => Err(AppendError::Unavailable(reason)),
-            // Refused before it reached the leader's protocol: nothing written.
-            Ok(RaftResponse::Error(ErrorCode::BrokerNotAvailable)) => Err(self.not_leader(None)),
-            Ok(RaftResponse::Error(code)) => Err(AppendError::Rejected(format!(
-                "node {leader_id} refused the append: {code:?}"
-            ))),
-            Ok(other) => Err(AppendError::OutcomeUnknown(format!(
-                "unexpected answer from node {leader_id}: {other:?}"
-            ))),
-            // Never connected: nothing was sent.
-            Err(TransportError::Connect(..)) | Err(TransportError::UnknownNode(_)) => {
-                Err(self.not_leader(Some(leader_id)))
-            }
-            // Sent, then lost: the records may or may not commit.
-            Err(e @ TransportError::Disconnected(..)) | Err(e @ TransportError::Timeout(_)) => {
-                Err(AppendError::OutcomeUnknown(e.to_string()))
-            }
-        }
-    }
-}
-
-impl Actor for AppendForwarder {
-    type Context = Context<Self>;
-
-    fn stopped(&mut self, _ctx: &mut Self::Context) {
-        for (_, pending) in self.pending.drain() {
-            let _ = pending.reply.send(Err(AppendError::OutcomeUnknown(
-                "the node stopped before the leader answered".into(),
-            )));
-        }
-    }
-}
-
-impl Handler<Forward> for AppendForwarder {
-    type Result = ResponseFuture<Result<Appended, AppendError>>;
-
-    fn handle(&mut self, msg: Forward, ctx: &mut Self::Context) -> Self::Result {
-        if self.pending.len() >= MAX_FORWARDED_PENDING {
-            let error = AppendError::Unavailable(format!(
-                "{} forwarded appends are already in flight",
-                self.pending.len()
-            ));
-            return Box::pin(ready(Err(error)));
-        }
-        let correlation_id = self.next_correlation_id;
-        self.next_correlation_id += 1;
-        let (reply, answer) = oneshot::channel();
-        self.pending.insert(
-            correlation_id,
-            PendingForward {
-                leader_id: msg.leader_id,
-                reply,
-            },
-        );
-        let records = msg.records.into_iter().map(serde_bytes::ByteBuf::from).collect();
-        let request = SendRequest {
-            to: msg.leader_id,
-            correlation_id,
-            request: RaftRequest::Append(AppendRequest { records }),
-        };
-        ctx.spawn(
-            wrap_future::<_, Self>(self.requests.send(request)).map(move |sent, act, _ctx| {
-                if sent.is_err() {
-                    error!("the append forwarder's request manager is gone");
-                    if let Some(pending) = act.pending.remove(&correlation_id) {
-                        let _ = pending
-                            .reply
-                            .send(Err(AppendError::Unavailable("the request manager stopped".into())));
-                    }
-                }
-            }),
-        );
-        Box::pin(async move {
-            answer.await.unwrap_or_else(|_| {
-                Err(AppendError::OutcomeUnknown(
-                    "the node stopped before the leader answered".into(),
-                ))
-            })
-        })
-    }
-}
-
-impl Handler<RequestOutcome> for AppendForwarder {
-    type Result = ();
-
-    fn handle(&mut self, msg: RequestOutcome, _ctx: &mut Self::Context) {
-        let Some(pending) = self.pending.remove(&msg.correlation_id) else {
-            debug!(
-                correlation_id = msg.correlation_id,
-                "answer to a forwarded append nobody waits for"
-            );
-            return;
-        };
-        let outcome = self.outcome(pending.leader_id, msg.result);
-        let _ = pending.reply.send(outcome);
-    }
-}
-
-impl Handler<StopForwarder> for AppendForwarder {
-    type Result = ();
-
-    fn handle(&mut self, _msg: StopForwarder, ctx: &mut Self::Context) {
-        ctx.stop();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1742,7 +1560,7 @@ mod tests {
         let below_hw = committed_records(vec![b0, b1], 0, 2, 100).unwrap();
         assert_eq!(below_hw.len(), 2);
         // The HTTP API's page: kinds as words, data as (lossy) text.
-        let page = crate::node::LogPage::from(RecordPage {
+        let page = crate::messages::records::LogPage::from(RecordPage {
             high_watermark: 4,
             log_start_offset: 0,
             records: all,

@@ -1,4 +1,4 @@
-//! RequestManager: the outbound half of the raft transport (DESIGN.md §1).
+//! RequestManager: the outbound half of the raft transport (docs/ARCHITECTURE.md, "Actors and threads").
 //!
 //! # Messages
 //!

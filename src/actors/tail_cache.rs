@@ -20,7 +20,7 @@
 //!
 //! A batch is served from here as soon as it was sent to storage, possibly
 //! before the store applied it: the leader may ship records before its own
-//! write and fsync (DESIGN.md §2); it counts itself toward the high
+//! write and fsync (docs/ARCHITECTURE.md, "Protocol rules"); it counts itself toward the high
 //! watermark only with flushed offsets, and a storage failure stops it.
 
 use std::collections::VecDeque;

@@ -1,4 +1,4 @@
-//! The inbound raft listener (DESIGN.md §5).
+//! The inbound raft listener (docs/ARCHITECTURE.md, "Wire format").
 //!
 //! [`serve`] binds the raft listener and accepts peer connections. Each
 //! connection gets two tasks on the current arbiter (so the hop to the

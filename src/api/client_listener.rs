@@ -529,9 +529,9 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::actors::quorum_state::AppendReply;
     use crate::node::{AppendError, Appended, MetricsSnapshot, NodeError, QuorumStatus, RecordPage, SnapshotInfo};
     use crate::raft::Offset;
+    use crate::types::AppendReply;
 
     /// Takes appends and answers none of them until told to.
     #[derive(Clone, Default)]

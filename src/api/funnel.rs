@@ -22,8 +22,8 @@ use std::rc::Rc;
 use tokio::sync::oneshot;
 
 use super::NodeApi;
-use crate::actors::quorum_state::AppendReply;
 use crate::node::{AppendError, Appended};
+use crate::types::AppendReply;
 
 /// Most appends handed over in one message; more wait for the next one.
 const MAX_GROUPS: usize = 1024;

@@ -43,12 +43,12 @@ pub use error::ApiError;
 use funnel::AppendFunnel;
 pub use local::{LocalHttpServer, LocalServer};
 
-use crate::actors::quorum_state::AppendReply;
 use crate::messages::{Record, MAX_BATCH_BYTES};
 use crate::node::{
     AppendError, Appended, LogPage, MetricsSnapshot, NodeError, NodeHandle, QuorumStatus, RecordPage, SnapshotInfo,
 };
 use crate::raft::Offset;
+use crate::types::AppendReply;
 
 /// `GET /v1/log` returns this many records when `max` is not given.
 pub const LOG_PAGE_DEFAULT: usize = 100;

@@ -1,10 +1,11 @@
 //! Typed messages between the transport and the actors. Actor-private
 //! messages live at the top of each actor's file.
 
-use actix::Message;
+use actix::{Message, Recipient};
 
+use super::records::CommittedRecord;
 use super::rpc::{RaftRequest, RaftResponse};
-use crate::raft::NodeId;
+use crate::types::{Epoch, NodeId, Offset};
 
 /// Why an outbound request produced no response.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -45,4 +46,30 @@ pub struct RequestOutcome {
     pub from: NodeId,
     pub correlation_id: u64,
     pub result: Result<RaftResponse, TransportError>,
+}
+
+/// Delivered to every registered listener, in log order, each committed
+/// record exactly once per registration (from offset 0 / the log start).
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct Committed {
+    pub records: Vec<CommittedRecord>,
+    pub high_watermark: Offset,
+}
+
+/// Delivered to listeners when the leader changes. On the leader itself it
+/// is delivered only once the listener has been given every record up to
+/// the leader's epoch start offset (its LeaderChange record).
+#[derive(Message, Clone, Debug, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct LeaderChanged {
+    pub epoch: Epoch,
+    pub leader_id: Option<NodeId>,
+}
+
+/// A listener registration: committed records and leader changes.
+#[derive(Clone)]
+pub struct Listener {
+    pub committed: Recipient<Committed>,
+    pub leader_changed: Option<Recipient<LeaderChanged>>,
 }

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 use super::codec::{self, CodecError};
-use crate::node::{AppendError, Appended, QuorumStatus, RecordPage};
-use crate::raft::{NodeId, Offset};
+use super::records::RecordPage;
+use crate::types::{AppendError, Appended, NodeId, Offset, QuorumStatus};
 
 /// The version of the client protocol, first in every frame.
 pub const CLIENT_PROTOCOL_VERSION: u16 = 1;

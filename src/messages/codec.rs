@@ -1,11 +1,11 @@
-//! The wire format (DESIGN.md §5): one frame = u32 big-endian length +
+//! The wire format (docs/ARCHITECTURE.md, "Wire format"): one frame = u32 big-endian length +
 //! bincode (1.3.3, fixint, explicit byte limit) of an [`Envelope`].
 
 use bincode::Options;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use super::rpc::{RaftRequest, RaftResponse};
-use crate::raft::NodeId;
+use crate::types::NodeId;
 
 /// Wire format version carried in every envelope.
 pub const WIRE_VERSION: u16 = 1;

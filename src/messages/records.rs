@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::codec::{decode_bounded, CodecError};
-use crate::raft::{Epoch, NodeId, Offset, MAX_LOG_OFFSET};
+use crate::types::{Epoch, NodeId, Offset, MAX_LOG_OFFSET};
 
 /// Largest batch, and largest fetch response, in bytes (Kafka's 8 MiB).
 pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
@@ -217,6 +217,68 @@ impl Batch {
             )));
         }
         Ok(records)
+    }
+}
+
+/// One committed record as `GET /v1/log` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LogEntry {
+    pub offset: Offset,
+    pub epoch: Epoch,
+    /// data, leader_change, noop
+    pub kind: String,
+    /// The text of a data record (lossy UTF-8); None for control records.
+    pub value: Option<String>,
+}
+
+/// The body of `GET /v1/log`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LogPage {
+    pub high_watermark: Offset,
+    pub log_start_offset: Offset,
+    pub records: Vec<LogEntry>,
+}
+
+/// A committed record: delivered to a listener, and read with
+/// [`NodeHandle::read_records`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommittedRecord {
+    pub offset: Offset,
+    pub epoch: Epoch,
+    pub record: Record,
+}
+
+/// Committed records as the log holds them: what [`LogPage`] shows as
+/// text, with a data record's bytes as they were appended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordPage {
+    pub high_watermark: Offset,
+    pub log_start_offset: Offset,
+    /// From the offset asked for, contiguous, control records included.
+    /// Below the log start they come from the newest snapshot, and the
+    /// page ends at the log start.
+    pub records: Vec<CommittedRecord>,
+}
+
+impl From<RecordPage> for LogPage {
+    fn from(page: RecordPage) -> LogPage {
+        LogPage {
+            high_watermark: page.high_watermark,
+            log_start_offset: page.log_start_offset,
+            records: page
+                .records
+                .into_iter()
+                .map(|committed| LogEntry {
+                    offset: committed.offset,
+                    epoch: committed.epoch,
+                    kind: committed.record.kind().to_string(),
+                    value: match &committed.record {
+                        Record::Data(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+                        _ => None,
+                    },
+                })
+                .collect(),
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::records::Batch;
-use crate::raft::{Epoch, NodeId, Offset};
+use crate::types::{Epoch, NodeId, Offset};
 
 /// Kafka's error codes, the subset the quorum uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -17,6 +17,7 @@
 //! the same code.
 
 pub mod accumulator;
+pub mod commit;
 pub mod election;
 pub mod leader;
 pub mod log_view;
@@ -30,18 +31,7 @@ pub use node::{
     FETCH_READ_MAX_BYTES, SNAPSHOT_CHUNK_MAX_BYTES,
 };
 
-/// A node id (≥ 0).
-pub type NodeId = i32;
-/// A leader epoch (starts at 0; the first election makes it 1).
-pub type Epoch = i32;
-/// A log offset; offsets are contiguous from the log start offset.
-pub type Offset = i64;
-/// The largest end offset a log may have. Half the type's range: a log
-/// appending a million records a second reaches it in 146,000 years, and
-/// with every offset a peer can send checked against it (batches, snapshot
-/// ids), offset arithmetic cannot overflow however far a lying leader
-/// pushes a node (a snapshot id it made up can move a log's start there).
-pub const MAX_LOG_OFFSET: Offset = Offset::MAX / 2;
+pub use crate::types::{Epoch, NodeId, Offset, MAX_LOG_OFFSET};
 
 #[cfg(test)]
 mod hostile_tests;

@@ -1,4 +1,4 @@
-//! In-memory backend for the deterministic simulator (DESIGN.md §8): the same
+//! In-memory backend for the deterministic simulator (docs/ARCHITECTURE.md, "Testing"): the same
 //! [`LogStore`] contract as sled, plus a [`MemoryStore::crash`] that loses
 //! every log write not yet flushed, the way a power cut loses what was not
 //! fsynced.

@@ -4,17 +4,30 @@
 //! production and [`memory::MemoryStore`] for the simulator, which loses
 //! every write not yet flushed when it "crashes". One test suite
 //! (`tests/storage_suite.rs`) runs against both.
+//!
+//! The store lives on the storage thread ([`storage_thread`]), which
+//! group-commits the log's writes; snapshot files are kept beside it
+//! ([`snapshot`] for the file format, `snapshot_files` for what the thread
+//! does with them) and read by the chunk server thread (`chunk_server`).
+//! The handle the actors hold is `actors::log_appender::LogAppender`.
 
+pub(crate) mod chunk_server;
 pub mod memory;
+pub(crate) mod queue;
 pub mod sled_store;
 pub mod snapshot;
+pub(crate) mod snapshot_files;
+pub mod storage_thread;
 
 use crate::messages::Batch;
 use crate::raft::{ElectionState, Epoch, NodeId, Offset};
 
 pub use memory::MemoryStore;
+pub use queue::MAX_QUEUED_COMMANDS;
 pub use sled_store::SledStore;
 pub use snapshot::{SnapshotError, SnapshotInstaller, SnapshotMeta, SnapshotReader, SnapshotWriter};
+pub use snapshot_files::SnapshotChunk;
+pub use storage_thread::{ReadResult, StorageEvent, StorageStats, MAX_GROUP_COMMANDS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -53,6 +66,68 @@ pub enum StorageError {
 }
 
 pub type Result<T> = std::result::Result<T, StorageError>;
+
+/// What the storage thread needs from a store: the [`LogStore`] contract plus
+/// the high-watermark hint the sled backend uses to tell a torn tail (above
+/// the hint: truncated at open) from corruption of committed data (below it:
+/// a hard error).
+pub trait AppenderStore: LogStore {
+    /// Everything below `hw` is committed and durable on this node.
+    fn set_high_watermark_hint(&mut self, hw: Offset) -> Result<()>;
+
+    /// The hint as the store holds it (recovered at open): everything
+    /// below it was committed. 0 for a store that keeps none.
+    fn high_watermark_hint(&self) -> Offset {
+        0
+    }
+
+    /// A handle that reads the log from another thread, if the store has
+    /// one: snapshots are then written on a thread of their own while the
+    /// storage thread goes on appending and flushing. Without one (the
+    /// in-memory store of the simulator) they are written on the storage
+    /// thread, in order with everything else.
+    fn shared_reader(&self) -> Option<Box<dyn SharedLogReader>> {
+        None
+    }
+}
+
+/// Reads the log from a thread other than the storage thread (see
+/// [`AppenderStore::shared_reader`]): only committed, flushed offsets are
+/// read that way, and those never change.
+pub trait SharedLogReader: Send + 'static {
+    /// Same rules as [`LogStore::read`].
+    fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>>;
+}
+
+impl SharedLogReader for SledReader {
+    fn read(&self, from: Offset, until: Offset, max_bytes: usize) -> Result<Vec<Batch>> {
+        SledReader::read(self, from, until, max_bytes)
+    }
+}
+
+impl AppenderStore for SledStore {
+    fn set_high_watermark_hint(&mut self, hw: Offset) -> Result<()> {
+        // Persisted with the next flush.
+        SledStore::set_high_watermark_hint(self, hw);
+        Ok(())
+    }
+
+    fn high_watermark_hint(&self) -> Offset {
+        SledStore::high_watermark_hint(self)
+    }
+
+    fn shared_reader(&self) -> Option<Box<dyn SharedLogReader>> {
+        Some(Box::new(self.reader()))
+    }
+}
+
+impl AppenderStore for MemoryStore {
+    /// The simulator's store keeps no hint: everything it holds is as
+    /// committed as the simulator's checks say.
+    fn set_high_watermark_hint(&mut self, _hw: Offset) -> Result<()> {
+        Ok(())
+    }
+}
 
 /// The metadata log plus the election state of one node.
 ///

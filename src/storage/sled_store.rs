@@ -1,4 +1,4 @@
-//! sled backend (DESIGN.md §4): one sled database per node, in the `sled`
+//! sled backend (docs/ARCHITECTURE.md, "Formats on disk"): one sled database per node, in the `sled`
 //! directory under the node's data dir, with three trees:
 //!
 //! - `meta`: the [`Identity`] (cluster id, node id, format version), written

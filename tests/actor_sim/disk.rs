@@ -8,9 +8,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use kraft::actors::log_appender::AppenderStore;
 use kraft::messages::Batch;
 use kraft::raft::{ElectionState, Epoch, Offset};
+use kraft::storage::AppenderStore;
 use kraft::storage::{self, LogStore, MemoryStore, StorageError};
 
 struct DiskState {

@@ -1,4 +1,4 @@
-//! The safety properties of DESIGN.md §2, one checker per property, checked
+//! The safety properties of docs/ARCHITECTURE.md, "Protocol rules", one checker per property, checked
 //! after every step of the simulation (and, where a property is about a
 //! moment inside a step, at the action that creates that moment).
 //!
@@ -26,7 +26,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use kraft::messages::{RaftRequest, RaftResponse, Record};
-use kraft::raft::{ElectionState, Epoch, NodeId, Offset, RoleInfo, RoleKind};
+use kraft::raft::commit::{proposal_outcome, ProposalOutcome};
+use kraft::raft::{ElectionState, Epoch, NodeId, Offset, Proposed, RoleInfo, RoleKind};
 
 use super::cluster::SimNode;
 use super::log_mirror::Entry;
@@ -463,7 +464,7 @@ impl Monotonicity {
     }
 
     /// A `HighWatermark` action: the HW moves forward (the action's contract;
-    /// for a leader, DESIGN.md's "never decreases").
+    /// for a leader, docs/ARCHITECTURE.md's "never decreases").
     pub fn on_hw(&mut self, n: &SimNode, new_hw: Offset) -> Check {
         if new_hw <= n.hw {
             let rule = if n.role.role == RoleKind::Leader {
@@ -579,7 +580,7 @@ impl DurableTransitions {
 /// `last_fetched_epoch` is the epoch of the batch just below it. The leader
 /// takes the fetch offset as "this replica holds everything below it
 /// durably" (a voter's counts toward the high watermark), so an offset past
-/// the disk is an acknowledgement a crash can take back (DESIGN.md §2:
+/// the disk is an acknowledgement a crash can take back (docs/ARCHITECTURE.md, "Protocol rules":
 /// "Voters fsync an appended batch before their next Fetch, which is their
 /// acknowledgement"; the engine holds observers to it too).
 ///
@@ -690,6 +691,17 @@ pub struct Proposal {
     pub first_record: u64,
     pub records: u64,
     pub outcome: Outcome,
+}
+
+impl Proposal {
+    /// As the engine returned it.
+    pub fn proposed(&self) -> Proposed {
+        Proposed {
+            base_offset: self.base,
+            last_offset: self.last,
+            epoch: self.epoch,
+        }
+    }
 }
 
 /// Client records are `Record::Data(payload(id))`: the record id (8 bytes)
@@ -828,15 +840,18 @@ impl Durability {
         Ok(())
     }
 
-    /// A `HighWatermark` action on `n`: its pending proposals whose last
-    /// offset is below the HW are acknowledged if `n` still leads their
-    /// epoch, and must then be committed at their offsets.
+    /// A `HighWatermark` action on `n`: its pending proposals are answered
+    /// by the engine's rule ([`proposal_outcome`]: the HW passed their last
+    /// offset while `n` still leads their epoch), and an acknowledged one
+    /// must then be committed at its offsets.
     pub fn on_hw(&mut self, n: &SimNode, hw: Offset) -> Check {
-        let leading = (n.role.role == RoleKind::Leader).then_some(n.role.epoch);
         let mut i = 0;
         while i < self.pending.len() {
             let p = &mut self.proposals[self.pending[i]];
-            if p.node == n.id && p.incarnation == n.incarnation && Some(p.epoch) == leading && p.last < hw {
+            if p.node == n.id
+                && p.incarnation == n.incarnation
+                && proposal_outcome(&p.proposed(), hw, Some(&n.role)) == ProposalOutcome::Committed
+            {
                 p.outcome = Outcome::Acknowledged;
                 let p = p.clone();
                 self.pending.swap_remove(i);
@@ -864,11 +879,13 @@ impl Durability {
     /// Leadership of a proposal's epoch is gone (role change or crash): its
     /// outcome is unknown.
     pub fn on_leadership_lost(&mut self, n: &SimNode) {
-        let leading = (n.role.role == RoleKind::Leader && n.up).then_some(n.role.epoch);
         let mut i = 0;
         while i < self.pending.len() {
             let p = &mut self.proposals[self.pending[i]];
-            if p.node == n.id && (p.incarnation != n.incarnation || Some(p.epoch) != leading) {
+            let lost = p.incarnation != n.incarnation
+                || !n.up
+                || proposal_outcome(&p.proposed(), Offset::MIN, Some(&n.role)) == ProposalOutcome::Unknown;
+            if p.node == n.id && lost {
                 p.outcome = Outcome::Unknown;
                 self.pending.swap_remove(i);
                 self.unknown += 1;

@@ -1,10 +1,10 @@
-//! The deterministic cluster simulator (DESIGN.md §8), VOPR-style.
+//! The deterministic cluster simulator (docs/ARCHITECTURE.md, "Testing"), VOPR-style.
 //!
 //! Several [`RaftNode`](kraft::raft::RaftNode)s run in one thread on virtual
 //! time. Every source of nondeterminism — message delays, loss, duplication,
 //! partitions, crashes, disk latency, client traffic and the engines' own
 //! seeds — is drawn from one RNG seeded by the run's seed, so a run is a pure
-//! function of its seed. The invariants of DESIGN.md §2 are checked after
+//! function of its seed. The invariants of docs/ARCHITECTURE.md, "Protocol rules" are checked after
 //! every step, one checker per property (`invariants.rs`).
 //!
 //! Layout:
