@@ -54,6 +54,7 @@ use crate::messages::{
     AppendRequest, AppendResponse, Batch, ErrorCode, FetchResponse, RaftRequest, RaftResponse, Record, SnapshotId,
 };
 use crate::raft::{Action, NodeId, Offset, ProposeError, Proposed, RaftNode, RoleInfo, RoleKind};
+use crate::storage::StorageError;
 use crate::types::{AppendError, AppendReply, Appended, MetricsSnapshot, NodeError, QuorumStatus, ReplicaStatus};
 
 /// Longest the timer sleeps even when the engine has nothing due.
@@ -714,7 +715,10 @@ impl QuorumState {
     /// Starts writing a snapshot at [`Self::snapshot_end`]; the receiver
     /// gets it once it is durable. None when one is being written already
     /// or nothing is newer than the latest.
-    fn write_snapshot(&mut self, ctx: &mut Context<Self>) -> Option<oneshot::Receiver<Result<SnapshotInfo, String>>> {
+    fn write_snapshot(
+        &mut self,
+        ctx: &mut Context<Self>,
+    ) -> Option<oneshot::Receiver<Result<SnapshotInfo, StorageError>>> {
         let end = self.snapshot_end();
         let newer = self.snapshots.latest().is_none_or(|l| end > l.end_offset) && end > 0;
         if self.snapshotting || !newer {
@@ -753,7 +757,8 @@ impl QuorumState {
                     warn!(?id, "writing a snapshot failed: {e}");
                     Err(e)
                 }
-                Err(_) => Err("the snapshot was abandoned: its thread or the storage thread stopped".to_string()),
+                // Its thread or the storage thread stopped.
+                Err(_) => Err(StorageError::Cancelled(id)),
             };
             let _ = tx.send(outcome);
         }));
@@ -1332,7 +1337,7 @@ impl Handler<CreateSnapshot> for QuorumState {
         if let Some(created) = self.write_snapshot(ctx) {
             return Box::pin(async move {
                 match created.await {
-                    Ok(result) => result.map_err(NodeError),
+                    Ok(result) => result.map_err(|e| NodeError(e.to_string())),
                     Err(_) => Err(NodeError("the node stopped while writing the snapshot".to_string())),
                 }
             });
@@ -1596,7 +1601,10 @@ mod tests {
         let batch = Batch::new(4, 3, &[Record::NoOp]);
         let read = complete_fetch(response.clone(), Ok(vec![batch.clone()]));
         assert_eq!((read.error, read.batches), (ErrorCode::None, vec![batch]));
-        let failed = complete_fetch(response.clone(), Err("disk on fire".to_string()));
+        let failed = complete_fetch(
+            response.clone(),
+            Err(StorageError::Io(std::io::Error::other("disk on fire"))),
+        );
         assert_eq!(
             failed,
             FetchResponse {

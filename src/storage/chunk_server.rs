@@ -12,8 +12,10 @@ use tracing::warn;
 
 use super::queue::command_queue;
 use super::snapshot::{self, BatchCursor, SnapshotReader};
+use super::snapshot_files::no_snapshot_files;
 use super::snapshot_files::{read_batches, SnapshotChunk};
 use super::storage_thread::ReadResult;
+use super::StorageError;
 use crate::messages::{Batch, SnapshotId};
 use crate::raft::{NodeId, Offset};
 
@@ -46,7 +48,7 @@ pub(crate) enum ChunkRead {
         id: SnapshotId,
         position: u64,
         max_bytes: usize,
-        reply: oneshot::Sender<Result<SnapshotChunk, String>>,
+        reply: oneshot::Sender<Result<SnapshotChunk, StorageError>>,
     },
     /// Batches below the log start, from the newest snapshot `latest`
     /// (None: the newest valid one in the directory).
@@ -61,14 +63,14 @@ pub(crate) enum ChunkRead {
 
 impl ChunkRead {
     /// Answers the read with an error instead of serving it.
-    pub(crate) fn refuse(self, why: &str) {
+    pub(crate) fn refuse(self) {
         // A closed receiver means the reader went away.
         match self {
             ChunkRead::Chunk { reply, .. } => {
-                let _ = reply.send(Err(why.to_string()));
+                let _ = reply.send(Err(StorageError::ReaderBusy));
             }
             ChunkRead::Below { reply, .. } => {
-                let _ = reply.send(Err(why.to_string()));
+                let _ = reply.send(Err(StorageError::ReaderBusy));
             }
         }
     }
@@ -137,18 +139,15 @@ impl ChunkServer {
         id: SnapshotId,
         position: u64,
         max_bytes: usize,
-    ) -> Result<SnapshotChunk, String> {
+    ) -> Result<SnapshotChunk, StorageError> {
         if self.serving.as_ref().map(|r| r.id()) != Some(id) {
-            let dir = self
-                .dir
-                .as_ref()
-                .ok_or_else(|| "this node keeps no snapshot files".to_string())?;
+            let dir = self.dir.as_ref().ok_or_else(no_snapshot_files)?;
             // Forget the previous one first: a failed open leaves none.
             self.serving = None;
-            self.serving = Some(SnapshotReader::open(&snapshot::path_of(dir, id)).map_err(|e| e.to_string())?);
+            self.serving = Some(SnapshotReader::open(&snapshot::path_of(dir, id))?);
         }
         let reader = self.serving.as_ref().expect("opened above");
-        let bytes = reader.read_chunk(position, max_bytes).map_err(|e| e.to_string())?;
+        let bytes = reader.read_chunk(position, max_bytes)?;
         Ok(SnapshotChunk {
             size: reader.size_bytes(),
             bytes,
@@ -169,21 +168,22 @@ impl ChunkServer {
         from: Offset,
         until: Offset,
         max_bytes: usize,
-    ) -> Result<Vec<Batch>, String> {
+    ) -> Result<Vec<Batch>, StorageError> {
         // Without a newest snapshot named, the one found last time serves.
         let latest = latest.or(self.below.as_ref().map(|(r, _, _)| r.id()));
         let open = matches!(&self.below, Some((r, _, _)) if Some(r.id()) == latest);
         if !open {
             self.validations += 1;
-            let dir = self
-                .dir
-                .as_ref()
-                .ok_or_else(|| "this node keeps no snapshot files".to_string())?;
+            let dir = self.dir.as_ref().ok_or_else(no_snapshot_files)?;
             let reader = match latest {
-                Some(id) => SnapshotReader::open(&snapshot::path_of(dir, id)).map_err(|e| e.to_string())?,
-                None => match snapshot::newest_valid(dir).map_err(|e| e.to_string())? {
+                Some(id) => SnapshotReader::open(&snapshot::path_of(dir, id))?,
+                None => match snapshot::newest_valid(dir)? {
                     Some((reader, _)) => reader,
-                    None => return Err("no snapshot holds the records below the log start".to_string()),
+                    None => {
+                        return Err(StorageError::NoSnapshot(
+                            "no snapshot holds the records below the log start".to_string(),
+                        ))
+                    }
                 },
             };
             let cursor = reader.batches().cursor();

@@ -63,6 +63,22 @@ pub enum StorageError {
     /// consistent log from the disk.
     #[error("the store is unusable: {0}; reopen it to recover")]
     Poisoned(String),
+    /// A snapshot file could not be written, read or installed.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// No snapshot file holds what was asked for: the node keeps none, none
+    /// holds the records below the log start, or no transfer of the one to
+    /// install is complete.
+    #[error("{0}")]
+    NoSnapshot(String),
+    /// Writing a snapshot was given up (the node stops, or a snapshot from
+    /// the leader replaces the log it read); its partial file is removed.
+    #[error("writing snapshot {0:?} was cancelled")]
+    Cancelled(crate::messages::SnapshotId),
+    /// The snapshot reader's queue is full or it has stopped; the reader
+    /// may retry.
+    #[error("the snapshot reader is overloaded or stopped")]
+    ReaderBusy,
 }
 
 pub type Result<T> = std::result::Result<T, StorageError>;

@@ -11,7 +11,7 @@ use tracing::{error, warn};
 
 use super::chunk_server::ChunkServer;
 use super::snapshot::{self, BatchCursor, SnapshotInstaller, SnapshotMeta, SnapshotReader, SnapshotWriter};
-use super::AppenderStore;
+use super::{AppenderStore, StorageError};
 use crate::messages::{Batch, SnapshotId};
 use crate::raft::Offset;
 
@@ -45,10 +45,8 @@ impl SnapshotFiles {
         }
     }
 
-    pub(crate) fn dir(&self) -> Result<&PathBuf, String> {
-        self.dir
-            .as_ref()
-            .ok_or_else(|| "this node keeps no snapshot files".to_string())
+    pub(crate) fn dir(&self) -> Result<&PathBuf, StorageError> {
+        self.dir.as_ref().ok_or_else(no_snapshot_files)
     }
 
     /// Writes the snapshot `id` here, on the storage thread (for stores
@@ -58,7 +56,7 @@ impl SnapshotFiles {
         store: &dyn AppenderStore,
         id: SnapshotId,
         previous: Option<SnapshotId>,
-    ) -> Result<SnapshotMeta, String> {
+    ) -> Result<SnapshotMeta, StorageError> {
         let dir = self.dir()?.clone();
         check_snapshot_reaches(previous, store.start_offset())?;
         let meta = write_snapshot(
@@ -94,10 +92,14 @@ impl SnapshotFiles {
         }
     }
 
-    pub(crate) fn finish_install(&mut self, id: SnapshotId) -> Result<SnapshotMeta, String> {
+    pub(crate) fn finish_install(&mut self, id: SnapshotId) -> Result<SnapshotMeta, StorageError> {
         let meta = match self.installing.take() {
-            Some(installer) if installer.id() == id => installer.finish().map_err(|e| e.to_string())?,
-            _ => return Err(format!("no complete transfer of snapshot {id:?}")),
+            Some(installer) if installer.id() == id => installer.finish()?,
+            _ => {
+                return Err(StorageError::NoSnapshot(format!(
+                    "no complete transfer of snapshot {id:?}"
+                )))
+            }
         };
         self.use_latest(id);
         Ok(meta)
@@ -134,14 +136,14 @@ pub(crate) fn read_batches(
     from: Offset,
     until: Offset,
     max_bytes: usize,
-) -> Result<Vec<Batch>, String> {
+) -> Result<Vec<Batch>, StorageError> {
     let mut batches = reader.batches_from(*cursor);
     let mut found = Vec::new();
     let mut bytes = 0;
     loop {
         let at = batches.cursor();
         let Some(batch) = batches.next() else { break };
-        let batch = batch.map_err(|e| e.to_string())?;
+        let batch = batch?;
         if batch.base_offset >= until || (!found.is_empty() && bytes >= max_bytes) {
             // Resume at this batch next time.
             (*cursor, *base) = (at, batch.base_offset);
@@ -154,13 +156,15 @@ pub(crate) fn read_batches(
         }
     }
     if found.is_empty() && from < until {
-        return Err(format!("the newest snapshot holds nothing at offset {from}"));
+        return Err(StorageError::NoSnapshot(format!(
+            "the newest snapshot holds nothing at offset {from}"
+        )));
     }
     Ok(found)
 }
 
-pub(crate) fn copy_batch(writer: &mut SnapshotWriter, batch: &Batch) -> Result<(), String> {
-    writer.append_batch(batch).map_err(|e| e.to_string())
+pub(crate) fn copy_batch(writer: &mut SnapshotWriter, batch: &Batch) -> Result<(), StorageError> {
+    Ok(writer.append_batch(batch)?)
 }
 
 /// Never set: for snapshots written on the storage thread.
@@ -168,12 +172,12 @@ pub(crate) static NOT_CANCELLED: AtomicBool = AtomicBool::new(false);
 
 /// The log below its start is in `previous` (the newest snapshot), so a
 /// snapshot built from both misses nothing.
-pub(crate) fn check_snapshot_reaches(previous: Option<SnapshotId>, log_start: Offset) -> Result<(), String> {
+pub(crate) fn check_snapshot_reaches(previous: Option<SnapshotId>, log_start: Offset) -> Result<(), StorageError> {
     let next = previous.map_or(0, |p| p.end_offset);
     if next < log_start {
-        return Err(format!(
+        return Err(StorageError::Damaged(format!(
             "the log starts at {log_start} but the snapshot below it ends at {next}"
-        ));
+        )));
     }
     Ok(())
 }
@@ -189,32 +193,32 @@ pub(crate) fn write_snapshot(
     previous: Option<SnapshotId>,
     read: &dyn Fn(Offset, Offset, usize) -> super::Result<Vec<Batch>>,
     cancel: &AtomicBool,
-) -> Result<SnapshotMeta, String> {
-    let cancelled = || -> Result<(), String> {
+) -> Result<SnapshotMeta, StorageError> {
+    let cancelled = || -> Result<(), StorageError> {
         match cancel.load(Ordering::Relaxed) {
-            true => Err(format!("writing snapshot {id:?} was cancelled")),
+            true => Err(StorageError::Cancelled(id)),
             false => Ok(()),
         }
     };
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let mut writer = SnapshotWriter::create(dir, id, now_ms).map_err(|e| e.to_string())?;
+    let mut writer = SnapshotWriter::create(dir, id, now_ms)?;
     let mut next = 0;
     if let Some(previous) = previous {
-        let reader = SnapshotReader::open(&snapshot::path_of(dir, previous)).map_err(|e| e.to_string())?;
+        let reader = SnapshotReader::open(&snapshot::path_of(dir, previous))?;
         for batch in reader.batches() {
             cancelled()?;
-            copy_batch(&mut writer, &batch.map_err(|e| e.to_string())?)?;
+            copy_batch(&mut writer, &batch?)?;
         }
         next = previous.end_offset;
     }
     let mut trimmed_at = writer.bytes_written();
     while next < id.end_offset {
         cancelled()?;
-        let batches = read(next, id.end_offset, 1 << 20).map_err(|e| e.to_string())?;
+        let batches = read(next, id.end_offset, 1 << 20)?;
         let Some(last) = batches.last() else {
-            return Err(format!("the log has nothing at offset {next}"));
+            return Err(StorageError::Invalid(format!("the log has nothing at offset {next}")));
         };
         next = last.next_offset();
         for batch in batches.iter().filter(|b| b.base_offset < id.end_offset) {
@@ -228,7 +232,7 @@ pub(crate) fn write_snapshot(
             trimmed_at = writer.bytes_written();
         }
     }
-    writer.freeze().map_err(|e| e.to_string())
+    Ok(writer.freeze()?)
 }
 
 /// How much snapshot a [`write_snapshot`] copies from the log between two
@@ -256,4 +260,10 @@ impl SnapshotThread {
             error!("the snapshot thread panicked");
         }
     }
+}
+
+/// The error of a node that keeps no snapshot files (a store run without a
+/// snapshot directory).
+pub(crate) fn no_snapshot_files() -> StorageError {
+    StorageError::NoSnapshot("this node keeps no snapshot files".to_string())
 }

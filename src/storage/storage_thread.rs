@@ -50,7 +50,7 @@ pub enum StorageEvent {
 
 /// The answer to [`LogAppender::read`]: the batches, or why the read failed
 /// (the storage thread keeps running; the reader may retry).
-pub type ReadResult = Result<Vec<Batch>, String>;
+pub type ReadResult = Result<Vec<Batch>, StorageError>;
 
 /// What the storage thread has done since it started, for `GET /metrics`
 /// (etcd's `wal_fsync_duration_seconds`, Kafka's log flush rate): shared
@@ -79,13 +79,13 @@ pub(crate) enum Command {
     CreateSnapshot {
         id: SnapshotId,
         previous: Option<SnapshotId>,
-        reply: oneshot::Sender<Result<SnapshotMeta, String>>,
+        reply: oneshot::Sender<Result<SnapshotMeta, StorageError>>,
     },
     ReadSnapshotChunk {
         id: SnapshotId,
         position: u64,
         max_bytes: usize,
-        reply: oneshot::Sender<Result<SnapshotChunk, String>>,
+        reply: oneshot::Sender<Result<SnapshotChunk, StorageError>>,
     },
     WriteSnapshotChunk {
         id: SnapshotId,
@@ -96,7 +96,7 @@ pub(crate) enum Command {
     },
     InstallSnapshot {
         id: SnapshotId,
-        reply: oneshot::Sender<Result<SnapshotMeta, String>>,
+        reply: oneshot::Sender<Result<SnapshotMeta, StorageError>>,
     },
     DeleteSnapshot(SnapshotId),
     /// Compact the log below the end of this snapshot, which now holds
@@ -314,14 +314,14 @@ impl StorageThread {
                                     reply,
                                 };
                                 if let Err(e) = try_send_bounded(chunks, below) {
-                                    e.into_inner().refuse("the snapshot reader is overloaded or stopped");
+                                    e.into_inner().refuse();
                                 }
                                 continue;
                             }
                             None => self.snapshots.chunks.read_below(latest, from, until, max_bytes),
                         }
                     } else {
-                        self.store.read(from, until, max_bytes).map_err(|e| e.to_string())
+                        self.store.read(from, until, max_bytes)
                     };
                     match &read {
                         Ok(batches) => self.read_bytes += batches.iter().map(|b| b.size_bytes() as u64).sum::<u64>(),
@@ -417,7 +417,7 @@ impl StorageThread {
         &mut self,
         id: SnapshotId,
         previous: Option<SnapshotId>,
-        reply: oneshot::Sender<Result<SnapshotMeta, String>>,
+        reply: oneshot::Sender<Result<SnapshotMeta, StorageError>>,
     ) {
         // The QuorumState actor writes one at a time: an earlier one has
         // answered already, and its thread is ending if not gone.
@@ -459,7 +459,7 @@ impl StorageThread {
     /// Installs the snapshot fetched from the leader. A snapshot still being
     /// written here is given up first: the log it reads is about to be
     /// replaced.
-    fn finish_install(&mut self, id: SnapshotId) -> Result<SnapshotMeta, String> {
+    fn finish_install(&mut self, id: SnapshotId) -> Result<SnapshotMeta, StorageError> {
         self.stop_snapshot_thread(true);
         self.snapshots.finish_install(id)
     }
