@@ -79,11 +79,12 @@ impl RaftNode {
         }
     }
 
-    /// No epoch follows [`Epoch::MAX`], so no election can start: the node
-    /// waits Unattached, without an election deadline, and still follows a
-    /// leader of this epoch. Only a damaged election state or a peer that
-    /// sent that epoch gets a node here (a new epoch per election would
-    /// take decades); it is reported, never a panic or a wrapped epoch.
+    /// No epoch follows [`Epoch::MAX`](i32::MAX), so no election can
+    /// start: the node waits Unattached, without an election deadline, and
+    /// still follows a leader of this epoch. Only a damaged election state
+    /// or a peer that sent that epoch gets a node here (a new epoch per
+    /// election would take decades); it is reported, never a panic or a
+    /// wrapped epoch.
     pub(super) fn give_up_elections(&mut self) {
         if matches!(&self.role, Role::Unattached(s) if s.election_deadline_ms == u64::MAX) {
             return;
