@@ -1,10 +1,58 @@
-//! The leader's view of its replicas and the high watermark (Kafka's
-//! `LeaderState`).
+//! The Leader role (Kafka's `LeaderState`): the voter that won the
+//! election of its epoch. It alone appends to the log (proposals go through
+//! its batch accumulator), tracks every replica's progress, and moves the
+//! high watermark; its side of replication (Fetch, FetchSnapshot, parked
+//! fetches, the high watermark's advance) is in `leader_fetch.rs`.
+//!
+//! Enters it: a Candidate that a majority of voters voted for (its own
+//! leadership persisted first); its first batch is the epoch's
+//! LeaderChange record.
+//!
+//! Leaves it: for Resigned when it shuts down (`resign`) or fails
+//! check-quorum (no majority of voters fetched within 1.5 × the fetch
+//! timeout); for Unattached or Follower on a higher epoch. Leaving answers
+//! its parked fetches and drops the records not yet written (their
+//! proposals fail).
+//!
+//! The rules it carries (KIP-595): a leader commits nothing of older epochs
+//! until a record of its own epoch commits, so the high watermark moves
+//! only past the LeaderChange record, to what a majority of voters holds
+//! durably, and never backwards; it keeps sending BeginQuorumEpoch to voters
+//! that do not fetch, so one that moved on to a later epoch says so and the
+//! leader steps down; it resigns on check-quorum failure rather than lead
+//! a minority.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Epoch, NodeId, Offset};
-use crate::messages::ReplicaInfo;
+use super::node::{Action, RaftNode, RequestKind, Role};
+use super::{ElectionState, Epoch, NodeId, Offset};
+use crate::messages::{Batch, BeginQuorumEpochRequest, ErrorCode, RaftRequest, Record, ReplicaInfo};
+
+/// Where an accepted proposal will land. It completes when the high
+/// watermark passes `last_offset` while `epoch` is still this node's leader
+/// epoch, and fails when leadership of `epoch` is lost first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Proposed {
+    pub base_offset: Offset,
+    pub last_offset: Offset,
+    pub epoch: Epoch,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    #[error("not the leader (leader: {leader_id:?}, epoch {epoch})")]
+    NotLeader { leader_id: Option<NodeId>, epoch: Epoch },
+    #[error("batch of {bytes} bytes exceeds the limit of {limit} bytes")]
+    TooLarge { bytes: usize, limit: usize },
+    #[error("a proposal needs at least one record")]
+    Empty,
+    /// The records would take the log past [`super::MAX_LOG_OFFSET`].
+    #[error(
+        "the log is full: the next record would be at offset {next_offset}, and no record goes past offset {}",
+        super::MAX_LOG_OFFSET
+    )]
+    LogFull { next_offset: Offset },
+}
 
 /// One replica's progress in the leader's epoch.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -183,6 +231,212 @@ impl LeaderState {
         voters.sort_by_key(|r| r.id);
         let observers = self.observers.iter().map(|(id, r)| info(*id, r)).collect();
         (voters, observers)
+    }
+}
+
+impl RaftNode {
+    pub(super) fn become_leader(&mut self) {
+        let me = self.config.node_id;
+        let epoch = self.election.epoch;
+        let granting = match &self.role {
+            Role::Candidate(c) => c.round.granted.clone(),
+            _ => unreachable!("only a candidate becomes leader"),
+        };
+        let epoch_start = self.log.end_offset();
+        let check_quorum_ms = self.check_quorum_ms();
+        let leader = LeaderState::new(
+            epoch,
+            me,
+            self.config.voters.keys().copied(),
+            granting.clone(),
+            epoch_start,
+            self.now_ms,
+            check_quorum_ms,
+        );
+        let persist = ElectionState {
+            epoch,
+            voted_for: Some(me),
+            leader_id: Some(me),
+        };
+        self.election_retries = 1;
+        self.transition(Role::Leader(Box::new(leader)), Some(persist));
+        // The first batch of every epoch is its LeaderChange record.
+        let record = Record::LeaderChange {
+            leader_id: me,
+            voters: self.config.voters.keys().copied().collect(),
+            granting_voters: granting.into_iter().collect(),
+        };
+        self.append_as_leader(vec![record]);
+    }
+
+    /// Earliest time at which a Leader has something to do. Only deadlines
+    /// that `poll` acts on count, or a shell would spin.
+    pub(super) fn leader_deadline_ms(&self, l: &LeaderState) -> u64 {
+        let mut t = u64::MAX;
+        if self.config.majority() > 1 {
+            t = t.min(l.check_quorum_deadline_ms);
+        }
+        if self.accumulator.is_empty() {
+            t = t.min(l.last_append_ms + self.config.max_idle_interval_ms);
+        } else if self.config.append_linger_ms > 0 {
+            let linger = self.accumulator.linger_deadline_ms(self.config.append_linger_ms);
+            t = t.min(linger.unwrap_or(u64::MAX));
+        }
+        if !l.voters.is_empty() {
+            t = t.min(l.begin_quorum_resend_ms);
+        }
+        t
+    }
+
+    pub(super) fn poll_leader(&mut self) {
+        let now = self.now_ms;
+        let majority = self.config.majority();
+        let fetch_timeout = self.config.fetch_timeout_ms;
+        let Role::Leader(leader) = &mut self.role else { return };
+        if majority > 1 && now >= leader.check_quorum_deadline_ms {
+            // Check-quorum: no majority fetched within 1.5 × fetch timeout.
+            tracing::warn!(epoch = self.election.epoch, "check-quorum failed: resigning");
+            let successors = leader.preferred_successors();
+            let resigned = self.new_resigned(successors);
+            self.transition(Role::Resigned(resigned), None);
+            self.poll_resigned();
+            return;
+        }
+        leader.expire_observers(now, self.config.observer_session_ms);
+        if now >= leader.begin_quorum_resend_ms {
+            let interval = (fetch_timeout / 2).max(1);
+            leader.begin_quorum_resend_ms = now + interval;
+            let targets = leader.voters_not_fetching(now, interval);
+            let request = RaftRequest::BeginQuorumEpoch(BeginQuorumEpochRequest {
+                epoch: self.election.epoch,
+                leader_id: self.config.node_id,
+                leader_endpoint: self.config.local_endpoint.clone(),
+            });
+            for to in targets {
+                if !self.has_inflight_to(to, RequestKind::BeginQuorumEpoch) {
+                    self.send(to, RequestKind::BeginQuorumEpoch, request.clone());
+                }
+            }
+        }
+        self.maybe_drain_accumulator();
+        let Role::Leader(leader) = &self.role else { return };
+        if self.accumulator.is_empty() && now >= leader.last_append_ms + self.config.max_idle_interval_ms {
+            self.append_as_leader(vec![Record::NoOp]);
+        }
+    }
+
+    /// Leaving the leader role: parked fetches are answered with the new
+    /// state, and records not yet written are dropped (their proposals fail
+    /// through the RoleChanged action).
+    pub(super) fn abandon_leadership(&mut self) {
+        self.accumulator.drain();
+        for parked in std::mem::take(&mut self.parked) {
+            let response = self.fetch_error(ErrorCode::NotLeaderOrFollower);
+            self.actions.push(Action::RespondFetch {
+                to: parked.replica,
+                request_id: parked.request_id,
+                response,
+                read: None,
+            });
+        }
+    }
+
+    /// Gives `records` their offsets in the accumulator (draining it first
+    /// if they would overflow it).
+    pub(super) fn accumulate(&mut self, records: Vec<Record>) -> Result<Proposed, ProposeError> {
+        let epoch = self.election.epoch;
+        if !matches!(self.role, Role::Leader(_)) {
+            let leader_id = self.leader_id().filter(|id| *id != self.config.node_id);
+            return Err(ProposeError::NotLeader { leader_id, epoch });
+        }
+        if records.is_empty() {
+            return Err(ProposeError::Empty);
+        }
+        let bytes: usize = records.iter().map(Record::encoded_len).sum();
+        if bytes > self.config.max_batch_bytes {
+            return Err(ProposeError::TooLarge {
+                bytes,
+                limit: self.config.max_batch_bytes,
+            });
+        }
+        if self.accumulator.would_overflow(bytes, self.config.max_batch_bytes) {
+            self.drain_accumulator();
+        }
+        let base_offset = self.accumulator.next_offset(self.log.end_offset());
+        if base_offset > super::MAX_LOG_OFFSET - records.len() as Offset {
+            return Err(ProposeError::LogFull {
+                next_offset: base_offset,
+            });
+        }
+        let last_offset = base_offset + records.len() as Offset - 1;
+        self.accumulator.add(records, bytes, self.now_ms);
+        Ok(Proposed {
+            base_offset,
+            last_offset,
+            epoch,
+        })
+    }
+
+    /// With linger 0 the accumulator drains whenever no flush is in flight,
+    /// and what arrives during a flush goes into the next batch (group
+    /// commit), unless a replica is waiting for it: a parked fetch, or one
+    /// that arrives at the log end, takes what is there at once (see
+    /// [`Self::drain_for_fetch`]). With a linger it drains when the oldest
+    /// record has waited that long. A full accumulator always drains.
+    fn maybe_drain_accumulator(&mut self) {
+        if self.accumulator.is_empty() {
+            return;
+        }
+        let linger = self.config.append_linger_ms;
+        let due = if linger == 0 {
+            self.flush_target.is_none() || !self.parked.is_empty()
+        } else {
+            self.accumulator
+                .linger_deadline_ms(linger)
+                .map(|t| self.now_ms >= t)
+                .unwrap_or(false)
+        };
+        if due || self.accumulator.bytes() >= self.config.max_batch_bytes {
+            self.drain_accumulator();
+        }
+    }
+
+    /// With linger 0, a fetch at the log end takes the records waiting for
+    /// the leader's flush at once: the follower writes and flushes them
+    /// while the leader's flush runs, instead of after it (the commit still
+    /// needs the leader's flush or the other follower's).
+    pub(super) fn drain_for_fetch(&mut self, fetch_offset: Offset) {
+        if self.config.append_linger_ms == 0 && fetch_offset >= self.log.end_offset() {
+            self.drain_accumulator();
+        }
+    }
+
+    fn drain_accumulator(&mut self) {
+        let records = self.accumulator.drain();
+        if !records.is_empty() {
+            self.append_as_leader(records);
+        }
+    }
+
+    fn append_as_leader(&mut self, records: Vec<Record>) {
+        let epoch = self.election.epoch;
+        let now = self.now_ms;
+        let Role::Leader(leader) = &mut self.role else {
+            unreachable!("only a leader appends")
+        };
+        leader.last_append_ms = now;
+        let end = self.log.end_offset();
+        if end > super::MAX_LOG_OFFSET - records.len() as Offset {
+            // Only a snapshot id a leader made up can bring a log here;
+            // proposals are refused before, so these are our own records.
+            tracing::error!(end, "the log is full; the leader appends nothing more");
+            return;
+        }
+        let batch = Batch::new(end, epoch, &records);
+        self.log.append(batch.base_offset, batch.next_offset(), epoch);
+        self.actions.push(Action::AppendBatch(batch));
+        // Followers may read the batch before our own flush completes.
+        self.poll_parked();
     }
 }
 

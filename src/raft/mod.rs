@@ -17,11 +17,18 @@
 //! the same code.
 
 pub mod accumulator;
+mod candidate;
 pub mod commit;
 pub mod election;
+mod election_round;
+mod follower;
 pub mod leader;
+mod leader_fetch;
 pub mod log_view;
 pub mod node;
+mod prospective;
+mod resigned;
+mod unattached;
 pub mod vote;
 
 pub use election::ElectionState;

@@ -1,6 +1,11 @@
-//! Vote granting (KIP-595) and pre-vote (KIP-996) rules.
+//! Vote granting (KIP-595) and pre-vote (KIP-996) rules, and the handling
+//! of a Vote request, which every role answers (a candidate's or
+//! prospective's own round of requests is in `election_round.rs`).
 
-use super::{Epoch, NodeId, Offset};
+use crate::messages::{ErrorCode, RaftResponse, VoteRequest, VoteResponse};
+
+use super::node::{RaftNode, Role};
+use super::{ElectionState, Epoch, NodeId, Offset};
 
 /// Kafka's `isLogUpToDate`: the candidate's log is at least as long as ours,
 /// comparing (last epoch, end offset) **lexicographically** — the bug
@@ -47,6 +52,105 @@ pub fn grant_vote(view: VoterView, candidate: NodeId, log_up_to_date: bool) -> b
 /// timeout (KIP-996), and we are not the leader ourselves.
 pub fn grant_pre_vote(view: VoterView, log_up_to_date: bool) -> bool {
     !view.is_or_was_leader && !view.leader_is_live && log_up_to_date
+}
+
+impl RaftNode {
+    /// What this node knows of its epoch, for the rules above.
+    fn voter_view(&self) -> VoterView {
+        let now = self.now_ms;
+        let fetch_timeout = self.config.fetch_timeout_ms;
+        let leader_is_live = match &self.role {
+            Role::Follower(f) => {
+                !f.leader_resigned
+                    && f.last_fetch_success_ms
+                        .map(|t| now < t + fetch_timeout)
+                        .unwrap_or(false)
+            }
+            _ => false,
+        };
+        let leader_id = match &self.role {
+            Role::Follower(f) => Some(f.leader_id),
+            Role::Leader(_) | Role::Resigned(_) => Some(self.config.node_id),
+            // Prospective and Unattached keep what was persisted of this epoch.
+            Role::Prospective(_) | Role::Unattached(_) => self.election.leader_id,
+            Role::Candidate(_) => None,
+        };
+        VoterView {
+            voted_for: self.election.voted_for,
+            leader_id,
+            leader_is_live,
+            is_or_was_leader: matches!(self.role, Role::Leader(_) | Role::Resigned(_)),
+        }
+    }
+
+    pub(super) fn handle_vote_request(&mut self, from: NodeId, request_id: u64, req: VoteRequest) {
+        let refuse = |node: &Self, error: ErrorCode| {
+            RaftResponse::Vote(VoteResponse {
+                error,
+                epoch: node.election.epoch,
+                leader_id: node.leader_id(),
+                vote_granted: false,
+                pre_vote: req.pre_vote,
+            })
+        };
+        if !self.config.is_voter() || !self.config.voters.contains_key(&req.candidate_id) || from != req.candidate_id {
+            let response = refuse(self, ErrorCode::InconsistentVoterSet);
+            self.respond(from, request_id, response);
+            return;
+        }
+        if req.epoch < self.election.epoch {
+            let response = refuse(self, ErrorCode::FencedLeaderEpoch);
+            self.respond(from, request_id, response);
+            return;
+        }
+        let log_ok = is_log_up_to_date(
+            req.last_epoch,
+            req.last_epoch_end_offset,
+            self.log.last_epoch(),
+            self.log.end_offset(),
+        );
+        if req.pre_vote {
+            // A pre-vote changes nothing, not even our epoch.
+            let granted = grant_pre_vote(self.voter_view(), log_ok);
+            let response = RaftResponse::Vote(VoteResponse {
+                error: ErrorCode::None,
+                epoch: self.election.epoch,
+                leader_id: self.leader_id(),
+                vote_granted: granted,
+                pre_vote: true,
+            });
+            self.respond(from, request_id, response);
+            return;
+        }
+        if req.epoch > self.election.epoch {
+            self.become_unattached_or_follower(req.epoch, None);
+        }
+        let granted = grant_vote(self.voter_view(), req.candidate_id, log_ok);
+        if granted {
+            // Persist the vote, then switch, then reply.
+            let persist = ElectionState {
+                epoch: self.election.epoch,
+                voted_for: Some(req.candidate_id),
+                leader_id: None,
+            };
+            let mut unattached = self.new_unattached();
+            if let Role::Unattached(current) = &self.role {
+                // Granting the same vote again keeps the timer.
+                if self.election.voted_for == Some(req.candidate_id) {
+                    unattached.election_deadline_ms = current.election_deadline_ms;
+                }
+            }
+            self.transition(Role::Unattached(unattached), Some(persist));
+        }
+        let response = RaftResponse::Vote(VoteResponse {
+            error: ErrorCode::None,
+            epoch: self.election.epoch,
+            leader_id: self.leader_id(),
+            vote_granted: granted,
+            pre_vote: false,
+        });
+        self.respond(from, request_id, response);
+    }
 }
 
 #[cfg(test)]
