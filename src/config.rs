@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::{Table, Value};
 
+use crate::raft::snapshot_policy::SnapshotSettings;
 use crate::raft::{NodeId, RaftConfig};
 
 /// `log.max_batch_bytes` may not exceed Kafka's 8 MiB batch limit.
@@ -277,6 +278,18 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The snapshot policy's settings: `[snapshot]` and `[log]`'s retention
+    /// keys.
+    pub fn snapshot_settings(&self) -> SnapshotSettings {
+        SnapshotSettings {
+            max_bytes_between: self.snapshot.max_bytes_between,
+            max_interval_ms: self.snapshot.max_interval_ms,
+            retention_bytes: self.log.retention_bytes,
+            retention_ms: self.log.retention_ms,
+            cleaner_interval_ms: self.log.cleaner_interval_ms,
+        }
+    }
+
     /// Reads `path`, applies `overrides` (`("quorum.voters", "[\"1@h:9093\"]")`)
     /// and validates the result.
     pub fn load(path: &Path, overrides: &[(String, String)]) -> Result<Config, ConfigError> {

@@ -38,13 +38,13 @@ use crate::actors::quorum_state::{
     StopReason,
 };
 use crate::actors::request_manager::RequestManager;
-use crate::actors::snapshot_policy::{HeldSnapshot, SnapshotPolicy};
 use crate::actors::transport::{self, RaftServer};
 use crate::config::Config;
 pub use crate::messages::actor::{Committed, LeaderChanged, Listener};
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
 pub use crate::messages::records::{CommittedRecord, LogEntry, LogPage, RecordPage};
 use crate::messages::SnapshotId;
+use crate::raft::snapshot_policy::{HeldSnapshot, SnapshotPolicy};
 use crate::raft::{ElectionState, LogView, NodeId, Offset, RaftConfig, RaftNode};
 use crate::storage::AppenderStore;
 use crate::storage::{snapshot, LogStore, SledStore, StorageError};
@@ -340,7 +340,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
             made_ms: 0,
         })
         .collect();
-    let snapshots = SnapshotPolicy::new(&config.snapshot, &config.log, held, log_end, 0);
+    let snapshots = SnapshotPolicy::new(config.snapshot_settings(), held, log_end, 0);
     let peers = QuorumPeers {
         appender: appender.clone(),
         storage_events: events_rx,

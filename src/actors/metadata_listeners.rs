@@ -43,8 +43,8 @@ use tracing::{debug, error, warn};
 use crate::actors::log_appender::{AppenderError, LogAppender};
 use crate::messages::actor::{Committed, LeaderChanged, Listener};
 use crate::messages::records::CommittedRecord;
-use crate::messages::Record;
-use crate::raft::{Epoch, NodeId, Offset, RoleInfo, RoleKind};
+use crate::raft::announce::{leader_change_in_stream, leader_change_on_role};
+use crate::raft::{Epoch, NodeId, Offset, RoleInfo};
 
 /// Most bytes read for one delivery.
 pub const MAX_DELIVERY_BYTES: usize = 1024 * 1024;
@@ -142,18 +142,10 @@ impl MetadataListeners {
         }
     }
 
-    /// The LeaderChanged a listener should see for the current role, when the
-    /// leader is another node (or unknown). This node's own leadership is
-    /// announced from the record stream instead.
+    /// The LeaderChanged a listener should see for the current role, when
+    /// the engine's rule tells it at once ([`leader_change_on_role`]).
     fn remote_leader(&self) -> Option<LeaderChanged> {
-        let role = self.role.as_ref()?;
-        if role.role == RoleKind::Leader || role.leader_id == Some(self.node_id) {
-            return None;
-        }
-        Some(LeaderChanged {
-            epoch: role.epoch,
-            leader_id: role.leader_id,
-        })
+        leader_change_on_role(self.role.as_ref()?, self.node_id)
     }
 
     fn queue_leader_change(&mut self, id: u64, change: LeaderChanged) {
@@ -288,13 +280,8 @@ impl MetadataListeners {
                     error!(listener = id, expected, offset, "gap in the committed log");
                     return self.retry_later(id, format!("the read from {from} skipped to {offset}"), ctx);
                 }
-                if let Record::LeaderChange { leader_id, .. } = &record {
-                    if Some(batch.epoch) == current_epoch {
-                        leader_change = Some(LeaderChanged {
-                            epoch: batch.epoch,
-                            leader_id: Some(*leader_id),
-                        });
-                    }
+                if let Some(change) = leader_change_in_stream(&record, batch.epoch, current_epoch) {
+                    leader_change = Some(change);
                 }
                 records.push(CommittedRecord {
                     offset,

@@ -7,6 +7,4 @@ pub mod log_appender;
 pub mod metadata_listeners;
 pub mod quorum_state;
 pub mod request_manager;
-pub mod snapshot_policy;
-pub mod tail_cache;
 pub mod transport;

@@ -46,14 +46,14 @@ use crate::actors::append_forwarder::{AppendForwarder, Forward};
 use crate::actors::fetch_purgatory::{self, FetchPurgatory, HighWatermarkAdvanced, Register, RoleUpdate};
 use crate::actors::log_appender::{LogAppender, ReadResult, StorageEvent};
 use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, MetadataListeners};
-use crate::actors::snapshot_policy::SnapshotPolicy;
-use crate::actors::tail_cache::{TailCache, TAIL_CACHE_BYTES};
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
 use crate::messages::records::{CommittedRecord, RecordPage};
 use crate::messages::{
     AppendRequest, AppendResponse, Batch, ErrorCode, FetchResponse, RaftRequest, RaftResponse, Record, SnapshotId,
 };
-use crate::raft::{Action, NodeId, Offset, ProposeError, Proposed, RaftNode, RoleInfo, RoleKind};
+use crate::raft::snapshot_policy::SnapshotPolicy;
+use crate::raft::{Action, AppendRoute, NodeId, Offset, ProposeError, Proposed, RaftNode, RoleInfo, RoleKind};
+use crate::storage::tail_cache::{TailCache, TAIL_CACHE_BYTES};
 use crate::storage::StorageError;
 use crate::types::{AppendError, AppendReply, Appended, MetricsSnapshot, NodeError, QuorumStatus, ReplicaStatus};
 
@@ -66,9 +66,6 @@ const MAX_INBOUND_PENDING: usize = 65_536;
 const INBOUND_SWEEP_INTERVAL_MS: u64 = 1_000;
 /// How often the high-watermark hint is passed to the store.
 const HW_HINT_INTERVAL_MS: u64 = 1_000;
-/// Most bytes of appended batches waiting for a flush before new appends
-/// are refused (a stalled disk must not turn into unbounded memory).
-const MAX_UNFLUSHED_BYTES: usize = 64 * 1024 * 1024;
 /// Longest queue of client log reads on the storage thread.
 const MAX_CLIENT_READS: usize = 32;
 /// Most reads for Fetch and FetchSnapshot answers queued at once (on the
@@ -85,8 +82,6 @@ pub const SHUTDOWN_GRACE_MS: u64 = 1_000;
 const READ_COMMITTED_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// Most records one `read_committed` call returns.
 pub const READ_COMMITTED_MAX_RECORDS: usize = 10_000;
-/// Most local and forwarded appends awaiting commit on this node.
-const MAX_AWAITING_COMMIT: usize = fetch_purgatory::MAX_PENDING_APPENDS;
 
 // ---------------------------------------------------------------------
 // Messages
@@ -240,19 +235,6 @@ pub struct QuorumState {
     started_at: Instant,
     appender: LogAppender,
     storage_events: Option<mpsc::UnboundedReceiver<StorageEvent>>,
-    /// Appends and truncates sent to the storage thread so far.
-    mutations_sent: u64,
-    /// (mutation number, bytes) of appends sent to storage and not yet
-    /// flushed; with `unflushed_bytes`, bounds the memory a stalled disk
-    /// lets writers pile up (new appends get 503 past the bound).
-    unflushed: VecDeque<(u64, usize)>,
-    unflushed_bytes: usize,
-    /// Truncations sent, by their mutation number, until a flush report
-    /// covers them: a flush that ran before a truncation cannot vouch for
-    /// the offsets that truncation removes and rewrites. (The engine also
-    /// guards this with its flush target; this keeps the shell honest on
-    /// its own.)
-    truncations: VecDeque<(u64, Offset)>,
     requests: Recipient<SendRequest>,
     forwarder: Addr<AppendForwarder>,
     purgatory: Addr<FetchPurgatory>,
@@ -276,8 +258,6 @@ pub struct QuorumState {
     executed_high_watermark: Offset,
     last_hint: Offset,
     last_hint_ms: u64,
-    /// Appends registered with the purgatory and not yet completed.
-    awaiting_commit: Arc<AtomicUsize>,
     shutting_down: Option<ShuttingDown>,
     stop_reason: Option<StopReason>,
     on_stopped: Option<oneshot::Sender<StopReason>>,
@@ -307,10 +287,6 @@ impl QuorumState {
             started_at: Instant::now(),
             appender: peers.appender,
             storage_events: Some(peers.storage_events),
-            mutations_sent: 0,
-            unflushed: VecDeque::new(),
-            unflushed_bytes: 0,
-            truncations: VecDeque::new(),
             requests: peers.requests,
             forwarder: peers.forwarder,
             purgatory: peers.purgatory,
@@ -325,7 +301,6 @@ impl QuorumState {
             executed_high_watermark: log_start,
             last_hint: log_start,
             last_hint_ms: 0,
-            awaiting_commit: Arc::new(AtomicUsize::new(0)),
             shutting_down: None,
             stop_reason: None,
             on_stopped: Some(peers.on_stopped),
@@ -407,9 +382,6 @@ impl QuorumState {
                     let data = batch.holds_data();
                     self.snapshots
                         .on_appended(batch.size_bytes(), batch.next_offset(), data);
-                    self.mutations_sent += 1;
-                    self.unflushed.push_back((self.mutations_sent, batch.size_bytes()));
-                    self.unflushed_bytes += batch.size_bytes();
                     // Only a leader answers fetches: elsewhere the copy
                     // would be wasted, and dropping the cache keeps it a
                     // contiguous mirror of the log's end (or empty).
@@ -423,8 +395,6 @@ impl QuorumState {
                     }
                 }
                 Action::Truncate { end_offset } => {
-                    self.mutations_sent += 1;
-                    self.truncations.push_back((self.mutations_sent, end_offset));
                     self.tail.on_truncate(end_offset);
                     if let Err(e) = self.appender.truncate(end_offset) {
                         return self.fatal(ctx, format!("cannot queue a truncation: {e}"));
@@ -819,36 +789,30 @@ impl QuorumState {
 
     /// Registers an accepted proposal with the purgatory.
     fn register(&mut self, proposed: Proposed, complete: fetch_purgatory::Completion) -> Result<(), String> {
-        let awaiting = self.awaiting_commit.clone();
-        awaiting.fetch_add(1, Ordering::Relaxed);
-        let complete: fetch_purgatory::Completion = Box::new(move |result| {
-            awaiting.fetch_sub(1, Ordering::Relaxed);
-            complete(result)
-        });
         post(&self.purgatory, Register { proposed, complete }).map_err(|e| format!("fetch purgatory: {e}"))
     }
 
-    /// Refuses new appends while shutting down or when too many wait;
-    /// `accepting_bytes` in `accepting` appends were already accepted in the
-    /// same message and are not yet counted as unflushed nor as awaiting
-    /// commit (they are registered after all of them are proposed).
-    fn check_can_append(&self, accepting_bytes: usize, accepting: usize) -> Result<(), AppendError> {
+    /// Refuses new appends while shutting down; every other bound is the
+    /// engine's (`raft::admission`).
+    fn check_can_append(&self) -> Result<(), AppendError> {
         if self.shutting_down.is_some() || self.is_stopping() {
             return Err(AppendError::Unavailable("the node is shutting down".into()));
         }
-        let waiting = self.unflushed_bytes + accepting_bytes;
-        if waiting >= MAX_UNFLUSHED_BYTES {
-            return Err(AppendError::Unavailable(format!(
-                "{waiting} bytes of appends are waiting for the disk"
-            )));
-        }
-        let awaiting = self.awaiting_commit.load(Ordering::Relaxed) + accepting;
-        if awaiting >= MAX_AWAITING_COMMIT {
-            return Err(AppendError::Unavailable(format!(
-                "{awaiting} appends are already waiting to commit"
-            )));
-        }
         Ok(())
+    }
+
+    /// The client's view of a refusal: nothing was written.
+    fn refusal(&self, e: ProposeError) -> AppendError {
+        match e {
+            ProposeError::NotLeader { leader_id, .. } => AppendError::NotLeader {
+                leader_id,
+                leader_endpoint: self.leader_endpoint(leader_id),
+            },
+            ProposeError::DiskBehind { .. } | ProposeError::CommitBehind { .. } => {
+                AppendError::Unavailable(e.to_string())
+            }
+            e => AppendError::Rejected(e.to_string()),
+        }
     }
 
     fn leader_endpoint(&self, leader: Option<NodeId>) -> Option<String> {
@@ -877,27 +841,22 @@ impl QuorumState {
 
     /// Local appends, each with its own reply, proposed in order: on the
     /// leader all of them join the accumulator before it drains (one batch
-    /// for a whole hand-over of HTTP requests); anywhere else each is
-    /// forwarded to the leader. A reply dropped unanswered means the node
-    /// stopped: the outcome is unknown.
+    /// for a whole hand-over of HTTP requests); anywhere else each goes
+    /// where the engine routes it ([`RaftNode::route_append`]). A reply
+    /// dropped unanswered means the node stopped: the outcome is unknown.
     fn propose_each(&mut self, now: u64, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
-        let role = self.node.role();
         let mut accepted = Vec::with_capacity(groups.len());
-        // The groups reach storage together, and are registered as awaiting
-        // commit, after the loop: both bounds count those accepted before
-        // each (an append refused as unavailable must not be written).
-        let mut accepting = 0;
         for (records, reply) in groups {
-            if let Err(e) = self.check_can_append(accepting, accepted.len()) {
+            if let Err(e) = self.check_can_append() {
                 let _ = reply.send(Err(e));
-            } else if records.is_empty() {
-                let _ = reply.send(Err(AppendError::Rejected(ProposeError::Empty.to_string())));
-            } else if role.role != RoleKind::Leader {
-                self.forward_local(role.leader_id, records, reply);
-            } else {
-                // As the batch will count them: empty records take bytes too.
-                accepting += records.iter().map(|r| Record::data_encoded_len(r.len())).sum::<usize>();
-                accepted.push((records.into_iter().map(Record::Data).collect::<Vec<_>>(), reply));
+                continue;
+            }
+            match self.node.route_append(&records) {
+                AppendRoute::Propose => {
+                    accepted.push((records.into_iter().map(Record::Data).collect::<Vec<_>>(), reply))
+                }
+                AppendRoute::Forward(leader_id) => self.forward(leader_id, records, reply),
+                AppendRoute::Refuse(e) => drop(reply.send(Err(self.refusal(e)))),
             }
         }
         if accepted.is_empty() {
@@ -912,43 +871,13 @@ impl QuorumState {
                         return self.fatal(ctx, e);
                     }
                 }
-                Err(ProposeError::NotLeader { leader_id, .. }) => {
-                    let leader_endpoint = self.leader_endpoint(leader_id);
-                    let _ = reply.send(Err(AppendError::NotLeader {
-                        leader_id,
-                        leader_endpoint,
-                    }));
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(AppendError::Rejected(e.to_string())));
-                }
+                Err(e) => drop(reply.send(Err(self.refusal(e)))),
             }
         }
     }
 
-    /// A local append on a node that does not lead: relayed to the leader
-    /// it knows, refused when it knows none.
-    fn forward_local(&mut self, leader_id: Option<NodeId>, records: Vec<Vec<u8>>, reply: AppendReply) {
-        let Some(leader_id) = leader_id.filter(|id| *id != self.node_id) else {
-            let _ = reply.send(Err(AppendError::NotLeader {
-                leader_id: None,
-                leader_endpoint: None,
-            }));
-            return;
-        };
-        // Refused here as the leader would refuse it: forwarded, a request
-        // of many short records (8 bytes each in a frame, 12 in a batch)
-        // can exceed the leader's max_frame_bytes, and the leader closes the
-        // connection, leaving this append and every other one forwarded on
-        // it with an unknown outcome.
-        let bytes: usize = records.iter().map(|r| Record::data_encoded_len(r.len())).sum();
-        let limit = self.node.config().max_batch_bytes;
-        if bytes > limit {
-            let _ = reply.send(Err(AppendError::Rejected(
-                ProposeError::TooLarge { bytes, limit }.to_string(),
-            )));
-            return;
-        }
+    /// A local append on a node that does not lead, relayed to the leader.
+    fn forward(&mut self, leader_id: NodeId, records: Vec<Vec<u8>>, reply: AppendReply) {
         let forwarded = self.forwarder.send(Forward { leader_id, records });
         actix::spawn(async move {
             let outcome = forwarded
@@ -969,21 +898,10 @@ impl QuorumState {
         ctx: &mut Context<Self>,
     ) {
         let answer = |response: AppendResponse| RaftResponse::Append(response);
-        match self.check_can_append(0, 0) {
-            Err(AppendError::Unavailable(reason)) if self.shutting_down.is_some() || self.is_stopping() => {
-                debug!("refusing a forwarded append: {reason}");
-                let _ = reply.send(answer(AppendResponse::NotLeader { leader_id: None }));
-                return;
-            }
-            Err(AppendError::Unavailable(reason)) => {
-                let _ = reply.send(answer(AppendResponse::Unavailable { reason }));
-                return;
-            }
-            Err(e) => {
-                let _ = reply.send(answer(AppendResponse::Rejected { reason: e.to_string() }));
-                return;
-            }
-            Ok(()) => {}
+        if let Err(e) = self.check_can_append() {
+            debug!("refusing a forwarded append: {e}");
+            let _ = reply.send(answer(AppendResponse::NotLeader { leader_id: None }));
+            return;
         }
         let records = request
             .records
@@ -1015,6 +933,9 @@ impl QuorumState {
             }
             Err(ProposeError::NotLeader { leader_id, .. }) => {
                 let _ = reply.send(answer(AppendResponse::NotLeader { leader_id }));
+            }
+            Err(e @ (ProposeError::DiskBehind { .. } | ProposeError::CommitBehind { .. })) => {
+                let _ = reply.send(answer(AppendResponse::Unavailable { reason: e.to_string() }));
             }
             Err(e) => {
                 let _ = reply.send(answer(AppendResponse::Rejected { reason: e.to_string() }));
@@ -1072,27 +993,6 @@ impl QuorumState {
             uptime_ms: now,
             ..MetricsSnapshot::default()
         }
-    }
-
-    /// The flush report, corrected for truncations it does not cover.
-    fn on_flushed(&mut self, durable_end: Offset, mutations: u64) -> Offset {
-        while let Some((number, bytes)) = self.unflushed.front().copied() {
-            if number > mutations {
-                break;
-            }
-            self.unflushed.pop_front();
-            self.unflushed_bytes -= bytes;
-        }
-        while let Some((number, _)) = self.truncations.front() {
-            if *number > mutations {
-                break;
-            }
-            self.truncations.pop_front();
-        }
-        self.truncations
-            .iter()
-            .map(|(_, offset)| *offset)
-            .fold(durable_end, Offset::min)
     }
 }
 
@@ -1190,9 +1090,9 @@ impl QuorumState {
 
     fn on_storage_event(&mut self, event: StorageEvent, ctx: &mut Context<Self>) {
         match event {
-            StorageEvent::Flushed { durable_end, mutations } => {
+            // The engine knows which truncations the flush cannot vouch for.
+            StorageEvent::Flushed { durable_end, .. } => {
                 let now = self.tick();
-                let durable_end = self.on_flushed(durable_end, mutations);
                 self.node.on_flushed(now, durable_end);
                 self.drive(ctx);
             }
@@ -1720,7 +1620,7 @@ mod snapshot_fetch_tests {
                 forwarder: AppendForwarder::new(wire.clone().recipient(), voters).start(),
                 purgatory: FetchPurgatory::new().start(),
                 listeners: MetadataListeners::new(OBSERVER, appender.clone(), 0).start(),
-                snapshots: SnapshotPolicy::new(&defaults.snapshot, &defaults.log, Vec::new(), 0, 0),
+                snapshots: SnapshotPolicy::new(defaults.snapshot_settings(), Vec::new(), 0, 0),
                 on_stopped,
             };
             let quorum = QuorumState::new("held-chunk".to_string(), engine, peers).start();

@@ -300,6 +300,7 @@ impl RaftNode {
         f.fetch_deadline_ms = now + self.config.fetch_timeout_ms;
         for batch in resp.batches {
             self.log.append(batch.base_offset, batch.next_offset(), batch.epoch);
+            self.backlog.on_append(batch.next_offset(), batch.size_bytes());
             self.actions.push(Action::AppendBatch(batch));
         }
         // A follower adopts the leader's HW, capped by its own log end.
@@ -408,6 +409,7 @@ impl RaftNode {
         let now = self.now_ms;
         self.log = LogView::new(id.end_offset, id.epoch, id.end_offset, Vec::new());
         self.flush_target = None;
+        self.backlog.on_log_replaced();
         self.latest_snapshot = Some(id);
         if let Role::Follower(f) = &mut self.role {
             f.snapshot = None;

@@ -46,6 +46,12 @@ pub enum ProposeError {
     TooLarge { bytes: usize, limit: usize },
     #[error("a proposal needs at least one record")]
     Empty,
+    /// [`super::admission::MAX_UNFLUSHED_BYTES`] wait for the disk.
+    #[error("{bytes} bytes of appends are waiting for the disk")]
+    DiskBehind { bytes: usize },
+    /// [`super::admission::MAX_AWAITING_COMMIT`] proposals wait for their commit.
+    #[error("{appends} appends are already waiting to commit")]
+    CommitBehind { appends: usize },
     /// The records would take the log past [`super::MAX_LOG_OFFSET`].
     #[error(
         "the log is full: the next record would be at offset {next_offset}, and no record goes past offset {}",
@@ -330,6 +336,7 @@ impl RaftNode {
     /// through the RoleChanged action).
     pub(super) fn abandon_leadership(&mut self) {
         self.accumulator.drain();
+        self.backlog.on_leadership_ended();
         for parked in std::mem::take(&mut self.parked) {
             let response = self.fetch_error(ErrorCode::NotLeaderOrFollower);
             self.actions.push(Action::RespondFetch {
@@ -349,6 +356,7 @@ impl RaftNode {
             let leader_id = self.leader_id().filter(|id| *id != self.config.node_id);
             return Err(ProposeError::NotLeader { leader_id, epoch });
         }
+        self.backlog.admit(self.accumulator.bytes())?;
         if records.is_empty() {
             return Err(ProposeError::Empty);
         }
@@ -370,6 +378,7 @@ impl RaftNode {
         }
         let last_offset = base_offset + records.len() as Offset - 1;
         self.accumulator.add(records, bytes, self.now_ms);
+        self.backlog.on_accepted(last_offset);
         Ok(Proposed {
             base_offset,
             last_offset,
@@ -434,6 +443,7 @@ impl RaftNode {
         }
         let batch = Batch::new(end, epoch, &records);
         self.log.append(batch.base_offset, batch.next_offset(), epoch);
+        self.backlog.on_append(batch.next_offset(), batch.size_bytes());
         self.actions.push(Action::AppendBatch(batch));
         // Followers may read the batch before our own flush completes.
         self.poll_parked();

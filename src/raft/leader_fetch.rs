@@ -346,6 +346,7 @@ impl RaftNode {
         // The leader's HW never moves backwards.
         if hw > self.high_watermark {
             self.high_watermark = hw;
+            self.backlog.on_high_watermark(hw);
             self.actions.push(Action::HighWatermark(hw));
             self.tell_parked_of_high_watermark();
         }

@@ -17,6 +17,8 @@
 //! the same code.
 
 pub mod accumulator;
+pub mod admission;
+pub mod announce;
 mod candidate;
 pub mod commit;
 pub mod election;
@@ -28,14 +30,15 @@ pub mod log_view;
 pub mod node;
 mod prospective;
 mod resigned;
+pub mod snapshot_policy;
 mod unattached;
 pub mod vote;
 
 pub use election::ElectionState;
 pub use log_view::LogView;
 pub use node::{
-    Action, ProposeError, Proposed, RaftConfig, RaftNode, ReadRange, RoleInfo, RoleKind, UnexpectedInstall,
-    FETCH_READ_MAX_BYTES, SNAPSHOT_CHUNK_MAX_BYTES,
+    Action, AppendRoute, ProposeError, Proposed, RaftConfig, RaftNode, ReadRange, RoleInfo, RoleKind,
+    UnexpectedInstall, FETCH_READ_MAX_BYTES, SNAPSHOT_CHUNK_MAX_BYTES,
 };
 
 pub use crate::types::{Epoch, NodeId, Offset, MAX_LOG_OFFSET};

@@ -21,6 +21,7 @@ use crate::messages::{
 };
 
 use super::accumulator::BatchAccumulator;
+use super::admission::Backlog;
 use super::candidate::CandidateState;
 use super::election_round::ElectionRound;
 use super::follower::FollowerState;
@@ -32,6 +33,17 @@ use super::{ElectionState, Epoch, LogView, NodeId, Offset};
 
 pub use super::follower::UnexpectedInstall;
 pub use super::leader::{ProposeError, Proposed};
+
+/// Where a client's append goes from this node ([`RaftNode::route_append`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AppendRoute {
+    /// This node leads: propose it here.
+    Propose,
+    /// Forward it to this leader.
+    Forward(NodeId),
+    /// Refused here; nothing was written anywhere.
+    Refuse(ProposeError),
+}
 pub use super::leader_fetch::{ReadRange, FETCH_READ_MAX_BYTES, MAX_OBSERVERS, SNAPSHOT_CHUNK_MAX_BYTES};
 
 /// Protocol settings (the `quorum.*` keys, already validated).
@@ -281,6 +293,8 @@ pub struct RaftNode {
     /// durable; lowered by a truncation issued after it.
     pub(super) flush_target: Option<Offset>,
     pub(super) accumulator: BatchAccumulator,
+    /// What waits for the disk and for the quorum (admission bounds).
+    pub(super) backlog: Backlog,
     pub(super) parked: Vec<ParkedFetch>,
     pub(super) inflight: BTreeMap<u64, Inflight>,
     pub(super) next_correlation_id: u64,
@@ -318,6 +332,7 @@ impl RaftNode {
             committed_before_start: high_watermark,
             flush_target: None,
             accumulator: BatchAccumulator::default(),
+            backlog: Backlog::default(),
             parked: Vec::new(),
             inflight: BTreeMap::new(),
             next_correlation_id: 1,
@@ -435,6 +450,37 @@ impl RaftNode {
         self.poll();
     }
 
+    /// Where a client's append of data records (their bytes) goes from
+    /// this node: proposed here when it leads (the proposal then applies
+    /// every rule of [`Self::propose`]), forwarded to the leader it knows
+    /// otherwise, or refused, nothing written, by the same rules the leader
+    /// would apply. The size rule matters before forwarding: a request of
+    /// many short records can outgrow the leader's frame limit, and the
+    /// leader would close the connection on every append forwarded over it.
+    pub fn route_append(&self, records: &[Vec<u8>]) -> AppendRoute {
+        if matches!(self.role, Role::Leader(_)) {
+            return AppendRoute::Propose;
+        }
+        if let Err(e) = self.backlog.admit(0) {
+            return AppendRoute::Refuse(e);
+        }
+        if records.is_empty() {
+            return AppendRoute::Refuse(ProposeError::Empty);
+        }
+        let Some(leader_id) = self.leader_id().filter(|id| *id != self.config.node_id) else {
+            return AppendRoute::Refuse(ProposeError::NotLeader {
+                leader_id: None,
+                epoch: self.election.epoch,
+            });
+        };
+        let bytes: usize = records.iter().map(|r| Record::data_encoded_len(r.len())).sum();
+        let limit = self.config.max_batch_bytes;
+        if bytes > limit {
+            return AppendRoute::Refuse(ProposeError::TooLarge { bytes, limit });
+        }
+        AppendRoute::Forward(leader_id)
+    }
+
     /// Offers records to the leader's batch accumulator. They get their
     /// offsets now and are written with whatever else is waiting.
     pub fn propose(&mut self, now_ms: u64, records: Vec<Record>) -> Result<Proposed, ProposeError> {
@@ -465,7 +511,12 @@ impl RaftNode {
     pub fn on_flushed(&mut self, now_ms: u64, durable_end: Offset) {
         self.advance_clock(now_ms);
         if let Some(target) = self.flush_target.take() {
-            self.log.on_flushed(target.min(durable_end));
+            // A truncation issued after the flush was asked for lowered the
+            // target: the flush cannot vouch for what it removed and
+            // rewrote, whatever the store's end now says.
+            let durable = target.min(durable_end);
+            self.log.on_flushed(durable);
+            self.backlog.on_flushed(durable);
         }
         if let Role::Leader(_) = self.role {
             self.maybe_advance_leader_high_watermark();
@@ -892,6 +943,7 @@ impl RaftNode {
 
     pub(super) fn truncate_log(&mut self, end_offset: Offset) {
         self.log.truncate(end_offset);
+        self.backlog.on_truncate(end_offset);
         if let Some(target) = &mut self.flush_target {
             *target = (*target).min(end_offset);
         }

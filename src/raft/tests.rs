@@ -3416,3 +3416,56 @@ fn end_quorum_epoch_makes_an_unattached_successor_campaign_at_once() {
     node.handle_request(100, 1, 1, end_req(3, 1, vec![2, 3]));
     assert_eq!((node.role().role, node.role().epoch), (RoleKind::Prospective, 3));
 }
+
+/// Admission (`raft::admission`): once `MAX_UNFLUSHED_BYTES` of appends wait
+/// for the disk, a leader refuses proposals, writing nothing; the flush
+/// that makes them durable lets proposals in again.
+#[test]
+fn a_leader_refuses_proposals_while_its_disk_is_behind_and_takes_them_again_once_flushed() {
+    let mut node = start(1, &[1], ElectionState::default());
+    node.take_actions();
+    let record = Record::Data(vec![7; 1 << 20]);
+    let mut accepted = 0;
+    let refused_at = loop {
+        match node.propose(0, vec![record.clone()]) {
+            Ok(_) => accepted += 1,
+            Err(ProposeError::DiskBehind { bytes }) => break bytes,
+            Err(e) => panic!("refused for another reason: {e}"),
+        }
+        assert!(accepted <= 64, "never refused");
+    };
+    assert!(refused_at >= admission::MAX_UNFLUSHED_BYTES, "{refused_at}");
+    // The flush in flight only covers what it was asked for; the next one
+    // covers the rest.
+    node.on_flushed(0, node.log().end_offset());
+    node.take_actions();
+    node.on_flushed(0, node.log().end_offset());
+    node.take_actions();
+    assert!(node.propose(0, vec![record]).is_ok(), "flushed, so admitted again");
+}
+
+/// A node that does not lead routes a client's append to the leader it
+/// knows, refusing by the leader's own rules what the leader would refuse.
+#[test]
+fn a_follower_routes_appends_to_its_leader_and_refuses_what_the_leader_would() {
+    let mut node = start(2, &[1, 2, 3], ElectionState::default());
+    assert_eq!(
+        node.route_append(&[b"a".to_vec()]),
+        AppendRoute::Refuse(ProposeError::NotLeader {
+            leader_id: None,
+            epoch: 0
+        }),
+        "no leader known"
+    );
+    node.handle_request(0, 1, 1, begin_req(1, 1));
+    assert_eq!(node.route_append(&[b"a".to_vec()]), AppendRoute::Forward(1));
+    assert_eq!(node.route_append(&[]), AppendRoute::Refuse(ProposeError::Empty));
+    let limit = node.config().max_batch_bytes;
+    let many_short: Vec<Vec<u8>> = vec![Vec::new(); limit / Record::data_encoded_len(0) + 1];
+    assert!(matches!(
+        node.route_append(&many_short),
+        AppendRoute::Refuse(ProposeError::TooLarge { .. })
+    ));
+    let (leader, _) = elect_leader();
+    assert_eq!(leader.route_append(&[b"a".to_vec()]), AppendRoute::Propose);
+}

@@ -18,6 +18,7 @@ pub mod sled_store;
 pub mod snapshot;
 pub(crate) mod snapshot_files;
 pub mod storage_thread;
+pub mod tail_cache;
 
 use crate::messages::Batch;
 use crate::raft::{ElectionState, Epoch, NodeId, Offset};

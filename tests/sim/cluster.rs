@@ -163,6 +163,8 @@ pub struct Stats {
     pub not_leader: u64,
     pub leader_refused: u64,
     pub too_large: u64,
+    /// Refused by the engine's admission bounds (disk or quorum behind).
+    pub behind: u64,
     pub crashes: u64,
     pub mid_action_crashes: u64,
     pub restarts: u64,
@@ -201,6 +203,7 @@ impl Stats {
         self.not_leader += o.not_leader;
         self.leader_refused += o.leader_refused;
         self.too_large += o.too_large;
+        self.behind += o.behind;
         self.crashes += o.crashes;
         self.mid_action_crashes += o.mid_action_crashes;
         self.restarts += o.restarts;
@@ -224,7 +227,7 @@ impl Stats {
     pub fn summary(&self) -> String {
         format!(
             "events={} virtual={}s elections={} max_epoch={} committed_offsets={} committed_records={} \
-             proposals={} acked={} unknown={} not_leader={} leader_refused={} too_large={} crashes={} \
+             proposals={} acked={} unknown={} not_leader={} leader_refused={} too_large={} behind={} crashes={} \
              (mid-action {}) restarts={} partitions={} resigns={} messages={} lost={} dup={} dropped={} \
              failures_reported={} flushes={} appends={} truncated_batches={} truncations_of_committed={} \
              settle_max={}ms slow_observer_disks={} near_max_epoch={} (elections exhausted {})",
@@ -240,6 +243,7 @@ impl Stats {
             self.not_leader,
             self.leader_refused,
             self.too_large,
+            self.behind,
             self.crashes,
             self.mid_action_crashes,
             self.restarts,
@@ -1694,6 +1698,7 @@ impl Sim {
                     ProposeError::NotLeader { .. } if was_leader => self.stats.leader_refused += 1,
                     ProposeError::NotLeader { .. } => self.stats.not_leader += 1,
                     ProposeError::TooLarge { .. } => self.stats.too_large += 1,
+                    ProposeError::DiskBehind { .. } | ProposeError::CommitBehind { .. } => self.stats.behind += 1,
                     ProposeError::LogFull { next_offset } => {
                         return Err(violation(
                             ENGINE_CONTRACT,

@@ -1,5 +1,5 @@
 //! When a node writes a snapshot and when it compacts its log (KIP-630), as
-//! plain decisions the QuorumState actor carries out. Keys: `[snapshot]`
+//! plain decisions the QuorumState actor carries out (docs/SNAPSHOTS.md). Keys: `[snapshot]`
 //! `max_bytes_between` and `max_interval_ms` (when to write one), `[log]`
 //! `retention_bytes`, `retention_ms` and `cleaner_interval_ms` (when to
 //! delete the log below the newest snapshot, and older snapshots).
@@ -9,9 +9,18 @@
 //! lost by compaction: reads below the log start are answered from the
 //! newest snapshot.
 
-use crate::config::{LogConfig, SnapshotConfig};
 use crate::messages::SnapshotId;
 use crate::raft::Offset;
+
+/// The policy's settings (the keys above, already validated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotSettings {
+    pub max_bytes_between: u64,
+    pub max_interval_ms: u64,
+    pub retention_bytes: u64,
+    pub retention_ms: u64,
+    pub cleaner_interval_ms: u64,
+}
 
 /// A snapshot file this node holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,25 +62,19 @@ pub struct SnapshotPolicy {
 impl SnapshotPolicy {
     /// `held`: the valid snapshot files found at start, any order.
     /// `log_end`: the log's end at start.
-    pub fn new(
-        snapshot: &SnapshotConfig,
-        log: &LogConfig,
-        mut held: Vec<HeldSnapshot>,
-        log_end: Offset,
-        now_ms: u64,
-    ) -> Self {
+    pub fn new(settings: SnapshotSettings, mut held: Vec<HeldSnapshot>, log_end: Offset, now_ms: u64) -> Self {
         held.sort_by_key(|h| h.id.end_offset);
         SnapshotPolicy {
-            max_bytes_between: snapshot.max_bytes_between,
-            max_interval_ms: snapshot.max_interval_ms,
-            retention_bytes: log.retention_bytes,
-            retention_ms: log.retention_ms,
-            cleaner_interval_ms: log.cleaner_interval_ms,
+            max_bytes_between: settings.max_bytes_between,
+            max_interval_ms: settings.max_interval_ms,
+            retention_bytes: settings.retention_bytes,
+            retention_ms: settings.retention_ms,
+            cleaner_interval_ms: settings.cleaner_interval_ms,
             held,
             bytes_since: 0,
             since_ms: now_ms,
             data_end: log_end,
-            next_clean_ms: now_ms + log.cleaner_interval_ms,
+            next_clean_ms: now_ms + settings.cleaner_interval_ms,
         }
     }
 
@@ -188,17 +191,14 @@ mod tests {
     use super::*;
 
     fn policy(held: Vec<HeldSnapshot>) -> SnapshotPolicy {
-        let snapshot = SnapshotConfig {
+        let settings = SnapshotSettings {
             max_bytes_between: 1000,
             max_interval_ms: 60_000,
-        };
-        let log = LogConfig {
-            max_batch_bytes: 1 << 20,
             retention_bytes: 5000,
             retention_ms: 600_000,
             cleaner_interval_ms: 1000,
         };
-        SnapshotPolicy::new(&snapshot, &log, held, 0, 0)
+        SnapshotPolicy::new(settings, held, 0, 0)
     }
 
     fn held(end_offset: Offset, size_bytes: u64, made_ms: u64) -> HeldSnapshot {
