@@ -49,7 +49,7 @@ use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, Meta
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
 use crate::messages::records::{CommittedRecord, RecordPage};
 use crate::messages::{
-    AppendRequest, AppendResponse, Batch, ErrorCode, FetchResponse, RaftRequest, RaftResponse, Record, SnapshotId,
+    AppendRequest, AppendResponse, Batch, ErrorCode, FetchResponse, RaftRequest, RaftResponse, Record,
 };
 use crate::raft::snapshot_policy::SnapshotPolicy;
 use crate::raft::{Action, AppendRoute, NodeId, Offset, ProposeError, Proposed, RaftNode, RoleInfo, RoleKind};
@@ -676,28 +676,26 @@ impl QuorumState {
         self.rearm_timer(ctx);
     }
 
-    /// Where a snapshot written now ends: the committed prefix that is also
-    /// flushed here (both are batch boundaries).
+    /// The committed prefix that is also flushed here: what a snapshot may
+    /// hold and the log may be compacted below.
     fn snapshot_end(&self) -> Offset {
         self.executed_high_watermark.min(self.node.log().flushed_end())
     }
 
-    /// Starts writing a snapshot at [`Self::snapshot_end`]; the receiver
-    /// gets it once it is durable. None when one is being written already
-    /// or nothing is newer than the latest.
+    /// Starts writing a snapshot at the engine's snapshot point
+    /// ([`SnapshotPolicy::snapshot_point`]); the receiver gets it once it
+    /// is durable. None when one is being written already or nothing is
+    /// newer than the latest.
     fn write_snapshot(
         &mut self,
         ctx: &mut Context<Self>,
     ) -> Option<oneshot::Receiver<Result<SnapshotInfo, StorageError>>> {
-        let end = self.snapshot_end();
-        let newer = self.snapshots.latest().is_none_or(|l| end > l.end_offset) && end > 0;
-        if self.snapshotting || !newer {
+        if self.snapshotting {
             return None;
         }
-        let id = SnapshotId {
-            end_offset: end,
-            epoch: self.node.log().epoch_before(end),
-        };
+        let id = self
+            .snapshots
+            .snapshot_point(self.executed_high_watermark, self.node.log())?;
         let created = match self.appender.create_snapshot(id, self.snapshots.latest()) {
             Ok(created) => created,
             Err(e) => {

@@ -10,7 +10,7 @@
 //! newest snapshot.
 
 use crate::messages::SnapshotId;
-use crate::raft::Offset;
+use crate::raft::{LogView, Offset};
 
 /// The policy's settings (the keys above, already validated).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +76,20 @@ impl SnapshotPolicy {
             data_end: log_end,
             next_clean_ms: now_ms + settings.cleaner_interval_ms,
         }
+    }
+
+    /// Where a snapshot written now would end, if it is worth writing: at
+    /// the committed prefix that is also flushed here (`committed_end`, the
+    /// high watermark whose appends are queued to storage; both it and the
+    /// flushed end are batch boundaries), with the epoch of the record just
+    /// below. None when that is no newer than the newest snapshot held.
+    pub fn snapshot_point(&self, committed_end: Offset, log: &LogView) -> Option<SnapshotId> {
+        let end = committed_end.min(log.flushed_end());
+        let newer = self.latest().is_none_or(|latest| end > latest.end_offset) && end > 0;
+        newer.then(|| SnapshotId {
+            end_offset: end,
+            epoch: log.epoch_before(end),
+        })
     }
 
     pub fn latest(&self) -> Option<SnapshotId> {
@@ -207,6 +221,42 @@ mod tests {
             size_bytes,
             made_ms,
         }
+    }
+
+    #[test]
+    fn a_snapshot_ends_at_the_committed_and_flushed_prefix_and_only_past_the_newest() {
+        let mut log = LogView::empty();
+        log.append(0, 4, 1);
+        log.append(4, 10, 2);
+        log.on_flushed(4);
+        let p = policy(vec![]);
+        assert_eq!(p.snapshot_point(0, &log), None, "nothing committed");
+        assert_eq!(
+            p.snapshot_point(10, &log),
+            Some(SnapshotId {
+                end_offset: 4,
+                epoch: 1
+            }),
+            "committed but not flushed here: not in the snapshot"
+        );
+        log.on_flushed(10);
+        assert_eq!(
+            p.snapshot_point(10, &log),
+            Some(SnapshotId {
+                end_offset: 10,
+                epoch: 2
+            })
+        );
+        assert_eq!(
+            p.snapshot_point(4, &log),
+            Some(SnapshotId {
+                end_offset: 4,
+                epoch: 1
+            }),
+            "flushed but not committed: not in the snapshot"
+        );
+        let p = policy(vec![held(10, 100, 0)]);
+        assert_eq!(p.snapshot_point(10, &log), None, "no newer than the newest held");
     }
 
     #[test]
