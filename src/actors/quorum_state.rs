@@ -1531,6 +1531,7 @@ mod snapshot_fetch_tests {
     use crate::actors::log_appender::tests::{store, FlushGate};
     use crate::config::Config;
     use crate::messages::FetchSnapshotResponse;
+    use crate::messages::SnapshotId;
     use crate::raft::{Epoch, LogView, RaftConfig};
     use crate::storage::snapshot::{self, SnapshotWriter};
     use crate::storage::LogStore;
