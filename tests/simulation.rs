@@ -1,6 +1,7 @@
-//! The deterministic cluster simulator (docs/ARCHITECTURE.md, "Testing"): many seeds of random
-//! faults with the invariants of §2 checked after every step, plus scripted
-//! scenarios named after the rule each one checks.
+//! The deterministic cluster simulator (docs/ARCHITECTURE.md, "Testing"):
+//! many seeds of random faults with the safety invariants
+//! (docs/ARCHITECTURE.md, "Protocol rules") checked after every step, plus
+//! scripted scenarios named after the rule each one checks.
 //!
 //! Run: `cargo test --test simulation` (2,000 seeds × 10,000 events, two
 //! threads). `KRAFT_SIM_SEEDS=N` runs N seeds; `KRAFT_SIM_SEED=S` replays one
@@ -492,7 +493,7 @@ fn restarted_leader_comes_back_resigned_in_its_epoch() {
     assert_eq!(
         (n.role.role, n.role.epoch),
         (RoleKind::Resigned, epoch),
-        "DESIGN §2 restart rule"
+        "the restart rule: a former leader starts Resigned"
     );
     ok!(sim, sim.settle());
     assert!(sim.node(sim.agreed_leader().unwrap()).role.epoch > epoch);

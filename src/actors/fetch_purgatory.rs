@@ -30,7 +30,7 @@ use crate::raft::{Epoch, Offset, Proposed, RoleInfo};
 use crate::types::{AppendError, Appended};
 
 /// Most completions pending at once; registrations past it are refused.
-pub const MAX_PENDING_APPENDS: usize = 100_000;
+pub const MAX_PENDING_APPENDS: usize = crate::raft::admission::MAX_AWAITING_COMMIT;
 
 /// What to do with the outcome of an append. Boxed so that a local caller
 /// (a oneshot for `NodeHandle::append`) and a forwarded request (an

@@ -72,7 +72,7 @@ pub struct LogAppender {
 /// sees the queue disconnected once the last handle is gone.
 #[derive(Clone)]
 enum Waker {
-    /// The storage thread, which waits in [`next_command`].
+    /// The storage thread, which waits in `storage::queue::next_command`.
     Thread(std::thread::Thread),
     /// A task-run store ([`LogAppender::spawn_task`]).
     Task(Arc<Notify>),

@@ -43,7 +43,7 @@ use tracing::{debug, error, warn};
 use crate::actors::log_appender::{AppenderError, LogAppender};
 use crate::messages::actor::{Committed, LeaderChanged, Listener};
 use crate::messages::records::CommittedRecord;
-use crate::raft::announce::{leader_change_in_stream, leader_change_on_role};
+use crate::raft::announce::{leader_change_in_stream, leader_change_on_role, Leadership};
 use crate::raft::{Epoch, NodeId, Offset, RoleInfo};
 
 /// Most bytes read for one delivery.
@@ -107,6 +107,13 @@ fn next_read_retry_ms(last_ms: u64) -> u64 {
     }
 }
 
+fn leader_changed(leadership: Leadership) -> LeaderChanged {
+    LeaderChanged {
+        epoch: leadership.epoch,
+        leader_id: leadership.leader_id,
+    }
+}
+
 impl ListenerState {
     /// Queues `change` unless it is the leader last queued or delivered (or
     /// the listener does not take leader changes).
@@ -145,7 +152,7 @@ impl MetadataListeners {
     /// The LeaderChanged a listener should see for the current role, when
     /// the engine's rule tells it at once ([`leader_change_on_role`]).
     fn remote_leader(&self) -> Option<LeaderChanged> {
-        leader_change_on_role(self.role.as_ref()?, self.node_id)
+        leader_change_on_role(self.role.as_ref()?, self.node_id).map(leader_changed)
     }
 
     fn queue_leader_change(&mut self, id: u64, change: LeaderChanged) {
@@ -281,7 +288,7 @@ impl MetadataListeners {
                     return self.retry_later(id, format!("the read from {from} skipped to {offset}"), ctx);
                 }
                 if let Some(change) = leader_change_in_stream(&record, batch.epoch, current_epoch) {
-                    leader_change = Some(change);
+                    leader_change = Some(leader_changed(change));
                 }
                 records.push(CommittedRecord {
                     offset,

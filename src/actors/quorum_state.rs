@@ -679,7 +679,7 @@ impl QuorumState {
     /// The committed prefix that is also flushed here: what a snapshot may
     /// hold and the log may be compacted below.
     fn snapshot_end(&self) -> Offset {
-        self.executed_high_watermark.min(self.node.log().flushed_end())
+        SnapshotPolicy::committed_flushed_end(self.executed_high_watermark, self.node.log())
     }
 
     /// Starts writing a snapshot at the engine's snapshot point
@@ -725,8 +725,7 @@ impl QuorumState {
                     warn!(?id, "writing a snapshot failed: {e}");
                     Err(e)
                 }
-                // Its thread or the storage thread stopped.
-                Err(_) => Err(StorageError::Cancelled(id)),
+                Err(_) => Err(StorageError::Abandoned(id)),
             };
             let _ = tx.send(outcome);
         }));
@@ -792,7 +791,7 @@ impl QuorumState {
 
     /// Refuses new appends while shutting down; every other bound is the
     /// engine's (`raft::admission`).
-    fn check_can_append(&self) -> Result<(), AppendError> {
+    fn refuse_if_stopping(&self) -> Result<(), AppendError> {
         if self.shutting_down.is_some() || self.is_stopping() {
             return Err(AppendError::Unavailable("the node is shutting down".into()));
         }
@@ -845,7 +844,7 @@ impl QuorumState {
     fn propose_each(&mut self, now: u64, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
         let mut accepted = Vec::with_capacity(groups.len());
         for (records, reply) in groups {
-            if let Err(e) = self.check_can_append() {
+            if let Err(e) = self.refuse_if_stopping() {
                 let _ = reply.send(Err(e));
                 continue;
             }
@@ -896,9 +895,15 @@ impl QuorumState {
         ctx: &mut Context<Self>,
     ) {
         let answer = |response: AppendResponse| RaftResponse::Append(response);
-        if let Err(e) = self.check_can_append() {
+        if let Err(e) = self.refuse_if_stopping() {
             debug!("refusing a forwarded append: {e}");
             let _ = reply.send(answer(AppendResponse::NotLeader { leader_id: None }));
+            return;
+        }
+        // Before the role: a node whose disk is behind says so, leader or
+        // not, so the follower that forwarded it answers Unavailable.
+        if let Err(e) = self.node.admit() {
+            let _ = reply.send(answer(AppendResponse::Unavailable { reason: e.to_string() }));
             return;
         }
         let records = request
@@ -1421,10 +1426,6 @@ impl Handler<Shutdown> for QuorumState {
         self.drive(ctx);
     }
 }
-
-// ---------------------------------------------------------------------
-// Forwarding appends from a follower to the leader
-// ---------------------------------------------------------------------
 
 #[cfg(test)]
 mod tests {

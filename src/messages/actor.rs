@@ -1,5 +1,7 @@
-//! Typed messages between the transport and the actors. Actor-private
-//! messages live at the top of each actor's file.
+//! Typed messages between the transport and the actors, and what a node
+//! delivers to its registered listeners ([`Committed`], [`LeaderChanged`],
+//! [`Listener`]). Actor-private messages live at the top of each actor's
+//! file.
 
 use actix::{Message, Recipient};
 

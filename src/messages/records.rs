@@ -240,7 +240,7 @@ pub struct LogPage {
 }
 
 /// A committed record: delivered to a listener, and read with
-/// [`NodeHandle::read_records`].
+/// `NodeHandle::read_records`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommittedRecord {
     pub offset: Offset,

@@ -9,17 +9,23 @@
 //! listener that acted as leader before then would act on a stale image.
 
 use super::{Epoch, NodeId, RoleInfo, RoleKind};
-use crate::messages::actor::LeaderChanged;
 use crate::messages::Record;
+
+/// Who leads which epoch, as listeners are told it (`LeaderChanged`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    pub epoch: Epoch,
+    pub leader_id: Option<NodeId>,
+}
 
 /// The leader change to tell listeners of as soon as `role` is seen on
 /// node `node_id`; None when it leads (or is about to say so), which the
 /// record stream announces instead.
-pub fn leader_change_on_role(role: &RoleInfo, node_id: NodeId) -> Option<LeaderChanged> {
+pub fn leader_change_on_role(role: &RoleInfo, node_id: NodeId) -> Option<Leadership> {
     if role.role == RoleKind::Leader || role.leader_id == Some(node_id) {
         return None;
     }
-    Some(LeaderChanged {
+    Some(Leadership {
         epoch: role.epoch,
         leader_id: role.leader_id,
     })
@@ -33,9 +39,9 @@ pub fn leader_change_in_stream(
     record: &Record,
     record_epoch: Epoch,
     current_epoch: Option<Epoch>,
-) -> Option<LeaderChanged> {
+) -> Option<Leadership> {
     match record {
-        Record::LeaderChange { leader_id, .. } if Some(record_epoch) == current_epoch => Some(LeaderChanged {
+        Record::LeaderChange { leader_id, .. } if Some(record_epoch) == current_epoch => Some(Leadership {
             epoch: record_epoch,
             leader_id: Some(*leader_id),
         }),
@@ -62,7 +68,7 @@ mod tests {
         let told = leader_change_on_role(&role(RoleKind::Follower, 4, Some(2)), 1);
         assert_eq!(
             told,
-            Some(LeaderChanged {
+            Some(Leadership {
                 epoch: 4,
                 leader_id: Some(2)
             })
@@ -70,7 +76,7 @@ mod tests {
         let none = leader_change_on_role(&role(RoleKind::Unattached, 5, None), 1);
         assert_eq!(
             none,
-            Some(LeaderChanged {
+            Some(Leadership {
                 epoch: 5,
                 leader_id: None
             })
@@ -89,7 +95,7 @@ mod tests {
         };
         assert_eq!(
             leader_change_in_stream(&record, 4, Some(4)),
-            Some(LeaderChanged {
+            Some(Leadership {
                 epoch: 4,
                 leader_id: Some(1)
             })

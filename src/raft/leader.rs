@@ -356,7 +356,7 @@ impl RaftNode {
             let leader_id = self.leader_id().filter(|id| *id != self.config.node_id);
             return Err(ProposeError::NotLeader { leader_id, epoch });
         }
-        self.backlog.admit(self.accumulator.bytes())?;
+        self.admit()?;
         if records.is_empty() {
             return Err(ProposeError::Empty);
         }

@@ -461,7 +461,7 @@ impl RaftNode {
         if matches!(self.role, Role::Leader(_)) {
             return AppendRoute::Propose;
         }
-        if let Err(e) = self.backlog.admit(0) {
+        if let Err(e) = self.admit() {
             return AppendRoute::Refuse(e);
         }
         if records.is_empty() {
@@ -479,6 +479,12 @@ impl RaftNode {
             return AppendRoute::Refuse(ProposeError::TooLarge { bytes, limit });
         }
         AppendRoute::Forward(leader_id)
+    }
+
+    /// Whether this node takes in an append now, whatever its role
+    /// (`raft::admission`): refused while its disk or its quorum is behind.
+    pub fn admit(&self) -> Result<(), ProposeError> {
+        self.backlog.admit(self.accumulator.bytes())
     }
 
     /// Offers records to the leader's batch accumulator. They get their

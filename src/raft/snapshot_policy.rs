@@ -84,12 +84,18 @@ impl SnapshotPolicy {
     /// flushed end are batch boundaries), with the epoch of the record just
     /// below. None when that is no newer than the newest snapshot held.
     pub fn snapshot_point(&self, committed_end: Offset, log: &LogView) -> Option<SnapshotId> {
-        let end = committed_end.min(log.flushed_end());
+        let end = Self::committed_flushed_end(committed_end, log);
         let newer = self.latest().is_none_or(|latest| end > latest.end_offset) && end > 0;
         newer.then(|| SnapshotId {
             end_offset: end,
             epoch: log.epoch_before(end),
         })
+    }
+
+    /// The committed prefix that is also flushed here: what a snapshot may
+    /// hold, and the log may be compacted below.
+    pub fn committed_flushed_end(committed_end: Offset, log: &LogView) -> Offset {
+        committed_end.min(log.flushed_end())
     }
 
     pub fn latest(&self) -> Option<SnapshotId> {

@@ -3469,3 +3469,29 @@ fn a_follower_routes_appends_to_its_leader_and_refuses_what_the_leader_would() {
     let (leader, _) = elect_leader();
     assert_eq!(leader.route_append(&[b"a".to_vec()]), AppendRoute::Propose);
 }
+
+/// Admission: proposals waiting for their commit count only while their
+/// leadership lasts. A leader whose quorum stopped answering refuses
+/// appends at `MAX_AWAITING_COMMIT`; once it follows a new leader their
+/// outcomes are unknown and no longer count, so appends go to that leader.
+#[test]
+fn proposals_waiting_to_commit_stop_counting_when_leadership_ends() {
+    let (mut node, now) = elect_leader();
+    let epoch = node.role().epoch;
+    let refused = loop {
+        match node.propose(now, vec![Record::Data(vec![1])]) {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(
+        refused,
+        ProposeError::CommitBehind {
+            appends: admission::MAX_AWAITING_COMMIT
+        }
+    );
+    node.take_actions();
+    node.handle_request(now, 2, 1, begin_req(epoch + 1, 2));
+    assert_eq!(node.role().role, RoleKind::Follower);
+    assert_eq!(node.route_append(&[b"a".to_vec()]), AppendRoute::Forward(2));
+}

@@ -76,6 +76,10 @@ pub enum StorageError {
     /// the leader replaces the log it read); its partial file is removed.
     #[error("writing snapshot {0:?} was cancelled")]
     Cancelled(crate::messages::SnapshotId),
+    /// Writing a snapshot was abandoned without an answer: its thread or the
+    /// storage thread stopped (a partial file is removed at the next start).
+    #[error("writing snapshot {0:?} was abandoned: its thread or the storage thread stopped")]
+    Abandoned(crate::messages::SnapshotId),
     /// The snapshot reader's queue is full or it has stopped; the reader
     /// may retry.
     #[error("the snapshot reader is overloaded or stopped")]

@@ -50,7 +50,7 @@ impl SnapshotFiles {
     }
 
     /// Writes the snapshot `id` here, on the storage thread (for stores
-    /// without a [`SharedLogReader`]); see [`write_snapshot`].
+    /// without a [`SharedLogReader`](super::SharedLogReader)); see [`write_snapshot`].
     pub(crate) fn create(
         &mut self,
         store: &dyn AppenderStore,
@@ -175,7 +175,7 @@ pub(crate) static NOT_CANCELLED: AtomicBool = AtomicBool::new(false);
 pub(crate) fn check_snapshot_reaches(previous: Option<SnapshotId>, log_start: Offset) -> Result<(), StorageError> {
     let next = previous.map_or(0, |p| p.end_offset);
     if next < log_start {
-        return Err(StorageError::Damaged(format!(
+        return Err(StorageError::NoSnapshot(format!(
             "the log starts at {log_start} but the snapshot below it ends at {next}"
         )));
     }
@@ -218,7 +218,10 @@ pub(crate) fn write_snapshot(
         cancelled()?;
         let batches = read(next, id.end_offset, 1 << 20)?;
         let Some(last) = batches.last() else {
-            return Err(StorageError::Invalid(format!("the log has nothing at offset {next}")));
+            return Err(StorageError::Corrupt {
+                offset: next,
+                reason: "the log has nothing here to copy into the snapshot".to_string(),
+            });
         };
         next = last.next_offset();
         for batch in batches.iter().filter(|b| b.base_offset < id.end_offset) {

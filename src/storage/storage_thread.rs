@@ -11,7 +11,7 @@
 //! ([`ReadResult`]).
 //!
 //! The same turn (take a group, apply it, make it durable) also runs on a
-//! task of the current runtime ([`StorageThread::run_task`]) for stores that
+//! task of the current runtime (`StorageThread::run_task`) for stores that
 //! never block: the actor-level simulator runs whole nodes that way on a
 //! paused clock.
 
@@ -42,13 +42,15 @@ pub enum StorageEvent {
     /// One flush completed: every log write up to `durable_end` is durable,
     /// and so is every mutation (append or truncate) among the first
     /// `mutations` ever sent. A truncation sent after those may still remove
-    /// part of `[.., durable_end)`; the receiver accounts for that.
+    /// part of `[.., durable_end)`: the engine, which knows which flush it
+    /// asked for, counts only what that flush covered (`mutations` says the
+    /// same in the storage thread's own terms; its tests check it).
     Flushed { durable_end: Offset, mutations: u64 },
     /// The store failed; the thread has stopped. Fatal for the node.
     Failed(String),
 }
 
-/// The answer to [`LogAppender::read`]: the batches, or why the read failed
+/// The answer to `LogAppender::read`: the batches, or why the read failed
 /// (the storage thread keeps running; the reader may retry).
 pub type ReadResult = Result<Vec<Batch>, StorageError>;
 
@@ -130,7 +132,7 @@ pub(crate) struct StorageThread {
     /// Appends and truncates applied so far (see [`StorageEvent::Flushed`]).
     mutations: u64,
     counters: Arc<StorageCounters>,
-    /// The [`ChunkServer`] thread that answers reads below the log start,
+    /// The `ChunkServer` thread that answers reads below the log start,
     /// when there is one.
     pub(crate) chunks: Option<Sender<ChunkRead>>,
 }

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use kraft::messages::{RaftRequest, RaftResponse, Record};
-use kraft::raft::commit::{proposal_outcome, ProposalOutcome};
+use kraft::raft::commit::{leadership_lost, proposal_outcome, ProposalOutcome};
 use kraft::raft::{ElectionState, Epoch, NodeId, Offset, Proposed, RoleInfo, RoleKind};
 
 use super::cluster::SimNode;
@@ -882,9 +882,7 @@ impl Durability {
         let mut i = 0;
         while i < self.pending.len() {
             let p = &mut self.proposals[self.pending[i]];
-            let lost = p.incarnation != n.incarnation
-                || !n.up
-                || proposal_outcome(&p.proposed(), Offset::MIN, Some(&n.role)) == ProposalOutcome::Unknown;
+            let lost = p.incarnation != n.incarnation || !n.up || leadership_lost(Some(&n.role), p.epoch);
             if p.node == n.id && lost {
                 p.outcome = Outcome::Unknown;
                 self.pending.swap_remove(i);
