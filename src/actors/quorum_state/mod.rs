@@ -28,6 +28,13 @@
 //! one of these core actors is fatal for the node and is reported.
 //!
 //! The clock is milliseconds since the actor was created (monotonic).
+//!
+//! This file holds the actor: its messages, its state, the handlers and
+//! `execute`. What it carries out for particular actions and messages is
+//! beside it: `appends.rs` (client and forwarded appends), `reads.rs`
+//! (fetch answers, snapshot chunks, committed reads), `snapshots.rs`
+//! (writing, installing and compacting) and `status.rs` (status and
+//! metrics).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -56,6 +63,13 @@ use crate::raft::{Action, AppendRoute, NodeId, Offset, ProposeError, Proposed, R
 use crate::storage::tail_cache::{TailCache, TAIL_CACHE_BYTES};
 use crate::storage::StorageError;
 use crate::types::{AppendError, AppendReply, Appended, MetricsSnapshot, NodeError, QuorumStatus, ReplicaStatus};
+
+mod appends;
+mod reads;
+mod snapshots;
+mod status;
+
+use status::Metrics;
 
 /// Longest the timer sleeps even when the engine has nothing due.
 const MAX_TIMER_MS: u64 = 10_000;
@@ -182,19 +196,6 @@ pub struct QuorumPeers {
     pub on_stopped: oneshot::Sender<StopReason>,
 }
 
-#[derive(Default)]
-struct Metrics {
-    append_records_total: u64,
-    /// Shared with the tasks that complete fetch reads.
-    fetch_records_total: Arc<AtomicU64>,
-    elections_total: u64,
-    fetch_requests_total: u64,
-    election_latency_sum_ms: f64,
-    election_latency_max_ms: f64,
-    /// Set while no leader is known.
-    election_started_ms: Option<u64>,
-}
-
 /// A graceful shutdown in progress: it ends once every voter the resigning
 /// leader sent EndQuorumEpoch to has answered (or failed) once, or after
 /// [`SHUTDOWN_GRACE_MS`].
@@ -309,10 +310,7 @@ impl QuorumState {
             tail: TailCache::new(TAIL_CACHE_BYTES),
             chunk_unwritten: false,
             held_chunk_answer: None,
-            metrics: Metrics {
-                election_started_ms: Some(0),
-                ..Metrics::default()
-            },
+            metrics: Metrics::new(),
         }
     }
 
@@ -378,7 +376,7 @@ impl QuorumState {
                     return;
                 }
                 Action::AppendBatch(batch) => {
-                    self.metrics.append_records_total += batch.record_count as u64;
+                    self.metrics.on_appended(batch.record_count as u64);
                     let data = batch.holds_data();
                     self.snapshots
                         .on_appended(batch.size_bytes(), batch.next_offset(), data);
@@ -433,90 +431,23 @@ impl QuorumState {
                 },
                 Action::RespondFetch {
                     request_id,
-                    mut response,
+                    response,
                     read,
                     ..
                 } => {
-                    let Some(reply) = self.inbound.remove(&request_id) else {
-                        debug!(request_id, "fetch response for a request that is no longer waiting");
-                        continue;
-                    };
-                    let Some(range) = read else {
-                        let _ = reply.send(RaftResponse::Fetch(response));
-                        continue;
-                    };
-                    if let Some(batches) = self.tail.read(range.from, range.until, range.max_bytes) {
-                        let records: u64 = batches.iter().map(|b| b.record_count as u64).sum();
-                        self.metrics.fetch_records_total.fetch_add(records, Ordering::Relaxed);
-                        let _ = reply.send(RaftResponse::Fetch(complete_fetch(response, Ok(batches))));
-                        continue;
+                    if let Err(e) = self.answer_fetch(request_id, response, read) {
+                        return self.fatal(ctx, e);
                     }
-                    let Some(queued) = FetchRead::start(&self.fetch_reads, request_id) else {
-                        response.error = ErrorCode::KafkaStorageError;
-                        let _ = reply.send(RaftResponse::Fetch(response));
-                        continue;
-                    };
-                    // The read is queued behind every append sent so far and
-                    // answered without waiting for a flush (the leader may
-                    // ship records before its own fsync; it counts itself
-                    // toward the high watermark only after it).
-                    let batches = match self.appender.read(range.from, range.until, range.max_bytes) {
-                        Ok(batches) => batches,
-                        Err(e) => return self.fatal(ctx, format!("cannot queue a fetch read: {e}")),
-                    };
-                    let fetched = self.metrics.fetch_records_total.clone();
-                    actix::spawn(async move {
-                        // A dropped reply means the storage thread failed; it
-                        // reported that itself and the node is stopping.
-                        let read = batches.await;
-                        drop(queued);
-                        if let Ok(read) = read {
-                            let response = complete_fetch(response, read);
-                            let records: u64 = response.batches.iter().map(|b| b.record_count as u64).sum();
-                            fetched.fetch_add(records, Ordering::Relaxed);
-                            let _ = reply.send(RaftResponse::Fetch(response));
-                        }
-                    });
                 }
                 Action::RespondFetchSnapshot {
                     request_id,
-                    mut response,
+                    response,
                     max_bytes,
                     ..
                 } => {
-                    let Some(reply) = self.inbound.remove(&request_id) else {
-                        continue;
-                    };
-                    let Some(queued) = FetchRead::start(&self.fetch_reads, request_id) else {
-                        response.error = ErrorCode::KafkaStorageError;
-                        let _ = reply.send(RaftResponse::FetchSnapshot(response));
-                        continue;
-                    };
-                    let chunk = self
-                        .appender
-                        .read_snapshot_chunk(response.snapshot_id, response.position, max_bytes);
-                    let chunk = match chunk {
-                        Ok(chunk) => chunk,
-                        Err(e) => return self.fatal(ctx, format!("cannot queue a snapshot read: {e}")),
-                    };
-                    actix::spawn(async move {
-                        let chunk = chunk.await;
-                        drop(queued);
-                        match chunk {
-                            Ok(Ok(chunk)) => {
-                                response.size = chunk.size;
-                                response.bytes = chunk.bytes;
-                            }
-                            Ok(Err(e)) => {
-                                warn!(id = ?response.snapshot_id, "cannot serve the snapshot: {e}");
-                                response.error = ErrorCode::SnapshotNotFound;
-                            }
-                            // The thread reading it stopped: the next read
-                            // is refused, and that stops the node.
-                            Err(_) => return,
-                        }
-                        let _ = reply.send(RaftResponse::FetchSnapshot(response));
-                    });
+                    if let Err(e) = self.answer_snapshot_chunk(request_id, response, max_bytes) {
+                        return self.fatal(ctx, e);
+                    }
                 }
                 Action::WriteSnapshotChunk {
                     snapshot_id,
@@ -524,68 +455,13 @@ impl QuorumState {
                     position,
                     bytes,
                 } => {
-                    let written = match self.appender.write_snapshot_chunk(snapshot_id, size, position, bytes) {
-                        Ok(written) => written,
-                        Err(e) => return self.fatal(ctx, format!("cannot queue a snapshot chunk: {e}")),
-                    };
-                    // The engine asks for the next chunk at once; its answer
-                    // reaches the engine only once this one is in the file.
-                    // Without that, a disk slower than loopback queued the
-                    // snapshot at the storage thread (a joining observer's
-                    // RSS peaked anywhere from 24 to 102 MiB with a 107 MiB
-                    // snapshot). At most the chunk being written and the
-                    // next answer are held, and every other message is
-                    // handled meanwhile.
-                    self.chunk_unwritten = true;
-                    ctx.spawn(wrap_future::<_, Self>(written).map(|_, act, ctx| {
-                        act.chunk_unwritten = false;
-                        if let Some(held) = act.held_chunk_answer.take() {
-                            let now = act.tick();
-                            act.deliver_outcome(now, held);
-                            act.drive(ctx);
-                        }
-                    }));
+                    if let Err(e) = self.write_snapshot_chunk(snapshot_id, size, position, bytes, ctx) {
+                        return self.fatal(ctx, e);
+                    }
                 }
-                Action::InstallSnapshot(id) => {
-                    self.tail.clear();
-                    let installed = match self.appender.install_snapshot(id) {
-                        Ok(installed) => installed,
-                        Err(e) => return self.fatal(ctx, format!("cannot queue the install of snapshot {id:?}: {e}")),
-                    };
-                    // Like PersistElection: nothing else reaches the engine
-                    // until the log has been replaced.
-                    ctx.wait(wrap_future::<_, Self>(installed).map(move |result, act, ctx| {
-                        // The engine hears of the install before its timers
-                        // run: polled first, a follower whose install took
-                        // longer than the fetch timeout would give up on its
-                        // leader for time spent on its own disk. Both calls
-                        // below advance the clock and poll.
-                        let now = act.now_ms();
-                        match result {
-                            Ok(Ok(meta)) => {
-                                info!(?id, size_bytes = meta.size_bytes, "installed the leader's snapshot");
-                                if let Err(e) = act.node.on_snapshot_installed(now, id) {
-                                    // The store replaced its log; the engine
-                                    // kept its view of the old one. A restart
-                                    // reconciles the log with the snapshot.
-                                    return act.fatal(ctx, format!("the log was replaced by an install, but {e}"));
-                                }
-                                act.snapshots.on_created(id, meta.size_bytes, now);
-                            }
-                            Ok(Err(e)) => {
-                                warn!(?id, "the fetched snapshot could not be installed: {e}");
-                                // Nothing changed on disk; an unexpected report
-                                // is logged by the engine and changes nothing.
-                                let _ = act.node.on_snapshot_install_failed(now, id);
-                            }
-                            Err(_) => return act.fatal(ctx, format!("the install of snapshot {id:?} was lost")),
-                        }
-                        act.execute(actions, ctx);
-                        act.run_deferred(ctx);
-                        act.drive(ctx);
-                    }));
-                    return;
-                }
+                // Holds the actor like PersistElection; the rest of the
+                // actions run once the log has been replaced.
+                Action::InstallSnapshot(id) => return self.install_snapshot(id, actions, ctx),
                 Action::HighWatermark(hw) => {
                     self.executed_high_watermark = self.executed_high_watermark.max(hw);
                     if let Err(e) = post(&self.purgatory, HighWatermarkAdvanced(hw)) {
@@ -619,17 +495,7 @@ impl QuorumState {
         );
         let now = self.now_ms();
         let leader_known = info.leader_id.is_some() && info.role != RoleKind::Resigned;
-        match (leader_known, self.metrics.election_started_ms) {
-            (true, Some(started)) => {
-                let latency = now.saturating_sub(started) as f64;
-                self.metrics.elections_total += 1;
-                self.metrics.election_latency_sum_ms += latency;
-                self.metrics.election_latency_max_ms = self.metrics.election_latency_max_ms.max(latency);
-                self.metrics.election_started_ms = None;
-            }
-            (false, None) => self.metrics.election_started_ms = Some(now),
-            _ => {}
-        }
+        self.metrics.on_role(leader_known, now);
         post(&self.purgatory, RoleUpdate(info.clone())).map_err(|e| format!("fetch purgatory: {e}"))?;
         post(&self.listeners, ListenersRoleUpdate(info)).map_err(|e| format!("metadata listeners: {e}"))?;
         Ok(())
@@ -676,92 +542,6 @@ impl QuorumState {
         self.rearm_timer(ctx);
     }
 
-    /// The committed prefix that is also flushed here: what a snapshot may
-    /// hold and the log may be compacted below.
-    fn snapshot_end(&self) -> Offset {
-        SnapshotPolicy::committed_flushed_end(self.executed_high_watermark, self.node.log())
-    }
-
-    /// Starts writing a snapshot at the engine's snapshot point
-    /// ([`SnapshotPolicy::snapshot_point`]); the receiver gets it once it
-    /// is durable. None when one is being written already or nothing is
-    /// newer than the latest.
-    fn write_snapshot(
-        &mut self,
-        ctx: &mut Context<Self>,
-    ) -> Option<oneshot::Receiver<Result<SnapshotInfo, StorageError>>> {
-        if self.snapshotting {
-            return None;
-        }
-        let id = self
-            .snapshots
-            .snapshot_point(self.executed_high_watermark, self.node.log())?;
-        let created = match self.appender.create_snapshot(id, self.snapshots.latest()) {
-            Ok(created) => created,
-            Err(e) => {
-                warn!(?id, "cannot queue a snapshot: {e}");
-                return None;
-            }
-        };
-        self.snapshotting = true;
-        let (tx, rx) = oneshot::channel();
-        ctx.spawn(wrap_future::<_, Self>(created).map(move |result, act, ctx| {
-            act.snapshotting = false;
-            let now = act.tick();
-            let outcome = match result {
-                Ok(Ok(meta)) => {
-                    info!(?id, size_bytes = meta.size_bytes, "snapshot written");
-                    act.snapshots.on_created(id, meta.size_bytes, now);
-                    act.node.on_snapshot_created(now, id);
-                    act.drive(ctx);
-                    Ok(SnapshotInfo {
-                        end_offset: id.end_offset,
-                        epoch: id.epoch,
-                        size_bytes: meta.size_bytes,
-                        created: true,
-                    })
-                }
-                Ok(Err(e)) => {
-                    warn!(?id, "writing a snapshot failed: {e}");
-                    Err(e)
-                }
-                Err(_) => Err(StorageError::Abandoned(id)),
-            };
-            let _ = tx.send(outcome);
-        }));
-        Some(rx)
-    }
-
-    /// Runs the cleaner's decision. The engine's log start moves first (so
-    /// nothing below it is read again); on disk the older snapshot files go
-    /// before the log below the newest one, so that the earliest snapshot
-    /// never ends below the log start (Kafka's invariant).
-    fn maybe_compact(&mut self, now: u64, ctx: &mut Context<Self>) {
-        if self.snapshotting {
-            return;
-        }
-        let log_start = self.node.log().start_offset();
-        let compactable_end = self.snapshot_end();
-        let Some(compaction) = self.snapshots.compaction(now, log_start, compactable_end) else {
-            return;
-        };
-        for id in compaction.delete {
-            let _ = self.appender.delete_snapshot(id);
-        }
-        let start = compaction.start;
-        if start.end_offset > log_start {
-            info!(
-                log_start_offset = start.end_offset,
-                "compacting the log below the newest snapshot"
-            );
-            self.node.on_log_start_advanced(now, start.end_offset, start.epoch);
-            if let Err(e) = self.appender.delete_before(start) {
-                return self.fatal(ctx, format!("cannot queue a compaction: {e}"));
-            }
-        }
-        self.drive(ctx);
-    }
-
     fn rearm_timer(&mut self, ctx: &mut Context<Self>) {
         let now = self.now_ms();
         let deadline = self.node.next_deadline_ms().clamp(now + 1, now + MAX_TIMER_MS);
@@ -782,220 +562,6 @@ impl QuorumState {
             act.drive(ctx);
         });
         self.timer = Some((deadline, handle));
-    }
-
-    /// Registers an accepted proposal with the purgatory.
-    fn register(&mut self, proposed: Proposed, complete: fetch_purgatory::Completion) -> Result<(), String> {
-        post(&self.purgatory, Register { proposed, complete }).map_err(|e| format!("fetch purgatory: {e}"))
-    }
-
-    /// Refuses new appends while shutting down; every other bound is the
-    /// engine's (`raft::admission`).
-    fn refuse_if_stopping(&self) -> Result<(), AppendError> {
-        if self.shutting_down.is_some() || self.is_stopping() {
-            return Err(AppendError::Unavailable("the node is shutting down".into()));
-        }
-        Ok(())
-    }
-
-    /// The client's view of a refusal: nothing was written.
-    fn refusal(&self, e: ProposeError) -> AppendError {
-        match e {
-            ProposeError::NotLeader { leader_id, .. } => AppendError::NotLeader {
-                leader_id,
-                leader_endpoint: self.leader_endpoint(leader_id),
-            },
-            ProposeError::DiskBehind { .. } | ProposeError::CommitBehind { .. } => {
-                AppendError::Unavailable(e.to_string())
-            }
-            e => AppendError::Rejected(e.to_string()),
-        }
-    }
-
-    fn leader_endpoint(&self, leader: Option<NodeId>) -> Option<String> {
-        leader.and_then(|id| self.voters.get(&id).cloned())
-    }
-
-    /// A local append: proposed here on the leader, forwarded to the leader
-    /// from anywhere else.
-    fn propose_local(
-        &mut self,
-        now: u64,
-        records: Vec<Vec<u8>>,
-        ctx: &mut Context<Self>,
-    ) -> BoxFuture<'static, Result<Appended, AppendError>> {
-        let (reply, outcome) = oneshot::channel();
-        self.propose_each(now, vec![(records, reply)], ctx);
-        async move {
-            outcome.await.unwrap_or_else(|_| {
-                Err(AppendError::OutcomeUnknown(
-                    "the node stopped before the records committed".into(),
-                ))
-            })
-        }
-        .boxed()
-    }
-
-    /// Local appends, each with its own reply, proposed in order: on the
-    /// leader all of them join the accumulator before it drains (one batch
-    /// for a whole hand-over of HTTP requests); anywhere else each goes
-    /// where the engine routes it ([`RaftNode::route_append`]). A reply
-    /// dropped unanswered means the node stopped: the outcome is unknown.
-    fn propose_each(&mut self, now: u64, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
-        let mut accepted = Vec::with_capacity(groups.len());
-        for (records, reply) in groups {
-            if let Err(e) = self.refuse_if_stopping() {
-                let _ = reply.send(Err(e));
-                continue;
-            }
-            match self.node.route_append(&records) {
-                AppendRoute::Propose => {
-                    accepted.push((records.into_iter().map(Record::Data).collect::<Vec<_>>(), reply))
-                }
-                AppendRoute::Forward(leader_id) => self.forward(leader_id, records, reply),
-                AppendRoute::Refuse(e) => drop(reply.send(Err(self.refusal(e)))),
-            }
-        }
-        if accepted.is_empty() {
-            return;
-        }
-        let (proposals, replies): (Vec<_>, Vec<_>) = accepted.into_iter().unzip();
-        let outcomes = self.node.propose_many(now, proposals);
-        for (outcome, reply) in outcomes.into_iter().zip(replies) {
-            match outcome {
-                Ok(proposed) => {
-                    if let Err(e) = self.register(proposed, Box::new(move |result| drop(reply.send(result)))) {
-                        return self.fatal(ctx, e);
-                    }
-                }
-                Err(e) => drop(reply.send(Err(self.refusal(e)))),
-            }
-        }
-    }
-
-    /// A local append on a node that does not lead, relayed to the leader.
-    fn forward(&mut self, leader_id: NodeId, records: Vec<Vec<u8>>, reply: AppendReply) {
-        let forwarded = self.forwarder.send(Forward { leader_id, records });
-        actix::spawn(async move {
-            let outcome = forwarded
-                .await
-                .unwrap_or_else(|_| Err(AppendError::Unavailable("the append forwarder stopped".into())));
-            // A closed reply: the client went away; the outcome stands.
-            let _ = reply.send(outcome);
-        });
-    }
-
-    /// A follower forwarded a client's append (`RaftRequest::Append`): not
-    /// for the engine. Proposed on the leader and answered at commit.
-    fn handle_forwarded_append(
-        &mut self,
-        now: u64,
-        request: AppendRequest,
-        reply: oneshot::Sender<RaftResponse>,
-        ctx: &mut Context<Self>,
-    ) {
-        let answer = |response: AppendResponse| RaftResponse::Append(response);
-        if let Err(e) = self.refuse_if_stopping() {
-            debug!("refusing a forwarded append: {e}");
-            let _ = reply.send(answer(AppendResponse::NotLeader { leader_id: None }));
-            return;
-        }
-        // Before the role: a node whose disk is behind says so, leader or
-        // not, so the follower that forwarded it answers Unavailable.
-        if let Err(e) = self.node.admit() {
-            let _ = reply.send(answer(AppendResponse::Unavailable { reason: e.to_string() }));
-            return;
-        }
-        let records = request
-            .records
-            .into_iter()
-            .map(|bytes| Record::Data(bytes.into_vec()))
-            .collect();
-        match self.node.propose(now, records) {
-            Ok(proposed) => {
-                let complete = Box::new(move |result: Result<Appended, AppendError>| {
-                    let response = match result {
-                        Ok(a) => AppendResponse::Committed {
-                            base_offset: a.base_offset,
-                            last_offset: a.last_offset,
-                            epoch: a.epoch,
-                        },
-                        // The records were accepted: whatever went wrong
-                        // after that leaves their fate open.
-                        Err(AppendError::OutcomeUnknown(reason)) | Err(AppendError::Unavailable(reason)) => {
-                            AppendResponse::OutcomeUnknown { reason }
-                        }
-                        Err(AppendError::Rejected(reason)) => AppendResponse::Rejected { reason },
-                        Err(AppendError::NotLeader { leader_id, .. }) => AppendResponse::NotLeader { leader_id },
-                    };
-                    let _ = reply.send(answer(response));
-                });
-                if let Err(e) = self.register(proposed, complete) {
-                    self.fatal(ctx, e);
-                }
-            }
-            Err(ProposeError::NotLeader { leader_id, .. }) => {
-                let _ = reply.send(answer(AppendResponse::NotLeader { leader_id }));
-            }
-            Err(e @ (ProposeError::DiskBehind { .. } | ProposeError::CommitBehind { .. })) => {
-                let _ = reply.send(answer(AppendResponse::Unavailable { reason: e.to_string() }));
-            }
-            Err(e) => {
-                let _ = reply.send(answer(AppendResponse::Rejected { reason: e.to_string() }));
-            }
-        }
-    }
-
-    fn status(&self, now: u64) -> QuorumStatus {
-        let role = self.node.role();
-        let described = self.node.describe(now);
-        let replica = |r: crate::messages::ReplicaInfo| ReplicaStatus {
-            id: r.id,
-            log_end_offset: r.log_end_offset,
-            last_fetch_ms_ago: r.last_fetch_ms_ago,
-            last_caught_up_ms_ago: r.last_caught_up_ms_ago,
-        };
-        QuorumStatus {
-            cluster_id: self.cluster_id.clone(),
-            node_id: self.node_id,
-            role: if role.is_voter {
-                role.role.as_str().to_string()
-            } else {
-                "observer".to_string()
-            },
-            leader_id: role.leader_id,
-            leader_epoch: role.epoch,
-            high_watermark: self.node.high_watermark(),
-            log_start_offset: self.node.log().start_offset(),
-            log_end_offset: self.node.log().end_offset(),
-            voters: described.voters.into_iter().map(replica).collect(),
-            observers: described.observers.into_iter().map(replica).collect(),
-        }
-    }
-
-    fn metrics_snapshot(&self, now: u64) -> MetricsSnapshot {
-        let role = self.node.role();
-        let m = &self.metrics;
-        MetricsSnapshot {
-            current_state: role.role.metric_code(),
-            current_leader: role.leader_id.unwrap_or(-1),
-            current_epoch: role.epoch,
-            high_watermark: self.node.high_watermark(),
-            log_end_offset: self.node.log().end_offset(),
-            append_records_total: m.append_records_total,
-            fetch_records_total: m.fetch_records_total.load(Ordering::Relaxed),
-            elections_total: m.elections_total,
-            election_latency_avg_ms: if m.elections_total == 0 {
-                0.0
-            } else {
-                m.election_latency_sum_ms / m.elections_total as f64
-            },
-            election_latency_max_ms: m.election_latency_max_ms,
-            fetch_requests_total: m.fetch_requests_total,
-            storage: self.appender.stats(),
-            uptime_ms: now,
-            ..MetricsSnapshot::default()
-        }
     }
 }
 
@@ -1231,176 +797,6 @@ impl Handler<GetMetrics> for QuorumState {
     }
 }
 
-impl Handler<CreateSnapshot> for QuorumState {
-    type Result = ResponseFuture<Result<SnapshotInfo, NodeError>>;
-
-    fn handle(&mut self, _msg: CreateSnapshot, ctx: &mut Self::Context) -> Self::Result {
-        self.tick();
-        self.drive(ctx);
-        if let Some(created) = self.write_snapshot(ctx) {
-            return Box::pin(async move {
-                match created.await {
-                    Ok(result) => result.map_err(|e| NodeError(e.to_string())),
-                    Err(_) => Err(NodeError("the node stopped while writing the snapshot".to_string())),
-                }
-            });
-        }
-        let answer = if self.snapshotting {
-            Err(NodeError("a snapshot is being written; try again".to_string()))
-        } else {
-            match self.snapshots.latest_held() {
-                Some(held) => Ok(SnapshotInfo {
-                    end_offset: held.id.end_offset,
-                    epoch: held.id.epoch,
-                    size_bytes: held.size_bytes,
-                    created: false,
-                }),
-                None => Err(NodeError("nothing is committed yet".to_string())),
-            }
-        };
-        Box::pin(ready(answer))
-    }
-}
-
-impl Handler<ReadCommitted> for QuorumState {
-    type Result = ResponseFuture<Result<RecordPage, NodeError>>;
-
-    fn handle(&mut self, msg: ReadCommitted, ctx: &mut Self::Context) -> Self::Result {
-        self.tick();
-        self.drive(ctx);
-        // The executed high watermark: every batch below it has been queued
-        // to storage, so a read queued now sees exactly the committed log.
-        let high_watermark = self.executed_high_watermark;
-        let log_start_offset = self.node.log().start_offset();
-        // Below the log start the records come from the newest snapshot,
-        // which holds every one of them.
-        let from = msg.from.max(0);
-        let max = msg.max.min(READ_COMMITTED_MAX_RECORDS);
-        let empty = RecordPage {
-            high_watermark,
-            log_start_offset,
-            records: Vec::new(),
-        };
-        if from >= high_watermark || max == 0 {
-            return Box::pin(ready(Ok(empty)));
-        }
-        if self.client_reads >= MAX_CLIENT_READS {
-            return Box::pin(ready(Err(NodeError(format!(
-                "{MAX_CLIENT_READS} log reads are already in progress; try again"
-            )))));
-        }
-        let batches = match self.appender.read(from, high_watermark, READ_COMMITTED_MAX_BYTES) {
-            Ok(batches) => batches,
-            Err(e) => return Box::pin(ready(Err(NodeError(format!("cannot read the log: {e}"))))),
-        };
-        // The read stays counted until the storage thread has answered it,
-        // even if the client goes away first.
-        self.client_reads += 1;
-        let (tx, rx) = oneshot::channel();
-        ctx.spawn(wrap_future::<_, Self>(batches).map(move |result, act, _ctx| {
-            act.client_reads -= 1;
-            let _ = tx.send(result);
-        }));
-        Box::pin(async move {
-            let batches = rx
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .ok_or_else(|| NodeError("the storage thread stopped".into()))?
-                .map_err(|e| NodeError(format!("cannot read the log: {e}")))?;
-            let records = committed_records(batches, from, high_watermark, max)?;
-            Ok(RecordPage {
-                high_watermark,
-                log_start_offset,
-                records,
-            })
-        })
-    }
-}
-
-/// One queued fetch read, counted in `QuorumState::fetch_reads` until it
-/// is dropped (its answer came, or the storage side went away).
-struct FetchRead(Arc<AtomicUsize>);
-
-impl FetchRead {
-    /// Counts one more queued read, or None when [`MAX_FETCH_READS`] are
-    /// queued already (the fetch is then answered with a storage error).
-    fn start(fetch_reads: &Arc<AtomicUsize>, request_id: u64) -> Option<FetchRead> {
-        if fetch_reads.load(Ordering::Relaxed) >= MAX_FETCH_READS {
-            debug!(
-                request_id,
-                "{MAX_FETCH_READS} fetch reads are queued; answering a storage error"
-            );
-            return None;
-        }
-        fetch_reads.fetch_add(1, Ordering::Relaxed);
-        Some(FetchRead(fetch_reads.clone()))
-    }
-}
-
-impl Drop for FetchRead {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// A fetch answer once its read is done: the batches read, or, when the
-/// read failed, none and Kafka's KAFKA_STORAGE_ERROR, which the follower
-/// retries after its backoff (rather than waiting out its request timeout
-/// for an answer that never comes).
-fn complete_fetch(mut response: FetchResponse, read: ReadResult) -> FetchResponse {
-    match read {
-        Ok(batches) => response.batches = batches,
-        Err(e) => {
-            warn!("a fetch is answered with a storage error: {e}");
-            response.error = ErrorCode::KafkaStorageError;
-            response.batches = Vec::new();
-        }
-    }
-    response
-}
-
-/// The records of `batches` in `[from, until)`, at most `max`, contiguous
-/// from `from`.
-fn committed_records(
-    batches: Vec<Batch>,
-    from: Offset,
-    until: Offset,
-    max: usize,
-) -> Result<Vec<CommittedRecord>, NodeError> {
-    let mut entries = Vec::new();
-    let mut expected = from;
-    'batches: for batch in batches {
-        let records = batch.records().map_err(|e| {
-            NodeError(format!(
-                "committed batch at offset {} does not decode: {e}",
-                batch.base_offset
-            ))
-        })?;
-        for (i, record) in records.into_iter().enumerate() {
-            let offset = batch.base_offset + i as Offset;
-            if offset < expected {
-                continue;
-            }
-            if offset >= until || entries.len() >= max {
-                break 'batches;
-            }
-            if offset != expected {
-                return Err(NodeError(format!(
-                    "gap in the committed log: expected offset {expected}, found {offset}"
-                )));
-            }
-            entries.push(CommittedRecord {
-                offset,
-                epoch: batch.epoch,
-                record,
-            });
-            expected += 1;
-        }
-    }
-    Ok(entries)
-}
-
 impl Handler<Shutdown> for QuorumState {
     type Result = ();
 
@@ -1424,99 +820,6 @@ impl Handler<Shutdown> for QuorumState {
             act.stop(ctx, StopReason::Shutdown)
         });
         self.drive(ctx);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn committed_records_are_contiguous_and_bounded_and_shown_as_text_for_http() {
-        let b0 = Batch::new(
-            0,
-            1,
-            &[Record::LeaderChange {
-                leader_id: 1,
-                voters: vec![1],
-                granting_voters: vec![1],
-            }],
-        );
-        let b1 = Batch::new(
-            1,
-            1,
-            &[
-                Record::Data(b"a".to_vec()),
-                Record::Data(vec![0xff, 0x00, 0xfe]),
-                Record::NoOp,
-            ],
-        );
-        let all = committed_records(vec![b0.clone(), b1.clone()], 0, 4, 100).unwrap();
-        assert_eq!(all.iter().map(|e| e.offset).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
-        assert_eq!(all[0].record.kind(), "leader_change");
-        assert_eq!(all[1].record, Record::Data(b"a".to_vec()));
-        assert_eq!(all[2].record, Record::Data(vec![0xff, 0x00, 0xfe]), "bytes as appended");
-        assert_eq!(all[3].record, Record::NoOp);
-        // From the middle of a batch, bounded by the high watermark and max.
-        let some = committed_records(vec![b1.clone()], 2, 4, 1).unwrap();
-        assert_eq!(some.len(), 1);
-        assert_eq!(some[0].offset, 2);
-        let below_hw = committed_records(vec![b0, b1], 0, 2, 100).unwrap();
-        assert_eq!(below_hw.len(), 2);
-        // The HTTP API's page: kinds as words, data as (lossy) text.
-        let page = crate::messages::records::LogPage::from(RecordPage {
-            high_watermark: 4,
-            log_start_offset: 0,
-            records: all,
-        });
-        let shown: Vec<(&str, Option<&str>)> = page
-            .records
-            .iter()
-            .map(|e| (e.kind.as_str(), e.value.as_deref()))
-            .collect();
-        assert_eq!(
-            shown,
-            [
-                ("leader_change", None),
-                ("data", Some("a")),
-                ("data", Some("\u{fffd}\u{0}\u{fffd}")),
-                ("noop", None)
-            ]
-        );
-    }
-
-    #[test]
-    fn a_fetch_whose_read_failed_is_answered_with_a_storage_error() {
-        let response = FetchResponse {
-            error: ErrorCode::None,
-            epoch: 3,
-            leader_id: Some(1),
-            high_watermark: 10,
-            log_start_offset: 0,
-            diverging_epoch: None,
-            snapshot_id: None,
-            batches: Vec::new(),
-        };
-        let batch = Batch::new(4, 3, &[Record::NoOp]);
-        let read = complete_fetch(response.clone(), Ok(vec![batch.clone()]));
-        assert_eq!((read.error, read.batches), (ErrorCode::None, vec![batch]));
-        let failed = complete_fetch(
-            response.clone(),
-            Err(StorageError::Io(std::io::Error::other("disk on fire"))),
-        );
-        assert_eq!(
-            failed,
-            FetchResponse {
-                error: ErrorCode::KafkaStorageError,
-                ..response
-            }
-        );
-    }
-
-    #[test]
-    fn committed_records_reject_a_gap() {
-        let b = Batch::new(5, 1, &[Record::NoOp]);
-        assert!(committed_records(vec![b], 3, 10, 100).is_err());
     }
 }
 
