@@ -603,7 +603,6 @@ impl NodeHandle {
             .send(RegisterListener(listener))
             .await
             .map_err(unavailable)?
-            .map_err(NodeError)
     }
 
     /// Writes a snapshot now at the committed (and locally flushed) end of
@@ -651,7 +650,7 @@ impl NodeHandle {
 }
 
 fn unavailable(e: actix::MailboxError) -> NodeError {
-    NodeError(format!("the node is stopped ({e})"))
+    NodeError::Stopped(format!("the node is stopped ({e})"))
 }
 
 #[cfg(test)]

@@ -52,9 +52,35 @@ pub enum AppendError {
 /// Where one append's outcome goes.
 pub type AppendReply = oneshot::Sender<Result<Appended, AppendError>>;
 
-#[derive(Debug, thiserror::Error)]
-#[error("node unavailable: {0}")]
-pub struct NodeError(pub String);
+/// Why a node could not answer a read of the log, a description, its
+/// metrics or a snapshot request. Each kind is this node's own, passing
+/// trouble: the caller may try again later or ask another node (HTTP 503,
+/// the client protocol's `Unavailable`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NodeError {
+    /// The node has stopped, or is stopping: its actors no longer answer.
+    #[error("node unavailable: {0}")]
+    Stopped(String),
+    /// As much of this work as the node takes at once is under way.
+    #[error("node unavailable: {0}")]
+    Busy(String),
+    /// There is nothing to do it with yet (no committed record to snapshot).
+    #[error("node unavailable: {0}")]
+    NotReady(String),
+    /// The log or a snapshot could not be read or written: the storage
+    /// layer's error, as its text (this leaf module cannot name it).
+    #[error("node unavailable: {0}")]
+    Storage(String),
+}
+
+impl NodeError {
+    /// What went wrong, without the "node unavailable" prefix.
+    pub fn reason(&self) -> &str {
+        match self {
+            NodeError::Stopped(r) | NodeError::Busy(r) | NodeError::NotReady(r) | NodeError::Storage(r) => r,
+        }
+    }
+}
 
 /// One replica's progress as the leader sees it (`GET /v1/quorum`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -45,6 +45,7 @@ use crate::messages::actor::{Committed, LeaderChanged, Listener};
 use crate::messages::records::CommittedRecord;
 use crate::raft::announce::{leader_change_in_stream, leader_change_on_role, Leadership};
 use crate::raft::{Epoch, NodeId, Offset, RoleInfo};
+use crate::types::NodeError;
 
 /// Most bytes read for one delivery.
 pub const MAX_DELIVERY_BYTES: usize = 1024 * 1024;
@@ -60,7 +61,7 @@ pub const MAX_LISTENERS: usize = 1024;
 
 /// Register a listener; it receives every committed record from the log start.
 #[derive(Message)]
-#[rtype(result = "Result<(), String>")]
+#[rtype(result = "Result<(), NodeError>")]
 pub struct RegisterListener(pub Listener);
 
 /// The high watermark moved forward.
@@ -356,11 +357,13 @@ impl Actor for MetadataListeners {
 }
 
 impl Handler<RegisterListener> for MetadataListeners {
-    type Result = Result<(), String>;
+    type Result = Result<(), NodeError>;
 
     fn handle(&mut self, msg: RegisterListener, ctx: &mut Self::Context) -> Self::Result {
         if self.listeners.len() >= MAX_LISTENERS {
-            return Err(format!("at most {MAX_LISTENERS} listeners can be registered"));
+            return Err(NodeError::Busy(format!(
+                "at most {MAX_LISTENERS} listeners can be registered"
+            )));
         }
         let id = self.next_id;
         self.next_id += 1;

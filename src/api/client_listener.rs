@@ -439,7 +439,7 @@ impl<N: NodeApi> Connection<N> {
                     let max = usize::try_from(max).unwrap_or(usize::MAX);
                     let answer = match node.read_records(from, max).await {
                         Ok(page) => ClientResponse::Records(page),
-                        Err(err) => ClientResponse::Error(ClientError::Unavailable(err.0)),
+                        Err(err) => ClientResponse::Error(ClientError::Unavailable(err.reason().to_string())),
                     };
                     (id, answer, InFlight { bytes: len, read: true })
                 }
@@ -450,7 +450,7 @@ impl<N: NodeApi> Connection<N> {
                 async move {
                     let answer = match node.describe().await {
                         Ok(status) => ClientResponse::Quorum(status),
-                        Err(err) => ClientResponse::Error(ClientError::Unavailable(err.0)),
+                        Err(err) => ClientResponse::Error(ClientError::Unavailable(err.reason().to_string())),
                     };
                     (id, answer, InFlight::bytes(len))
                 }
@@ -550,12 +550,12 @@ mod tests {
                 .extend(groups.into_iter().map(|(_, reply)| reply));
         }
         async fn describe(&self) -> Result<QuorumStatus, NodeError> {
-            Err(NodeError("not in this test".into()))
+            Err(NodeError::Stopped("not in this test".into()))
         }
         async fn read_records(&self, _: Offset, _: usize) -> Result<RecordPage, NodeError> {
             let (page, read) = tokio::sync::oneshot::channel();
             self.reads.borrow_mut().push(page);
-            read.await.map_err(|_| NodeError("not answered".into()))
+            read.await.map_err(|_| NodeError::Stopped("not answered".into()))
         }
         async fn metrics(&self) -> Result<MetricsSnapshot, NodeError> {
             unimplemented!()

@@ -67,7 +67,7 @@ impl From<AppendError> for ApiError {
 
 impl From<NodeError> for ApiError {
     fn from(err: NodeError) -> Self {
-        ApiError::unavailable(err.0)
+        ApiError::unavailable(err.reason())
     }
 }
 

@@ -30,13 +30,13 @@ impl Handler<ReadCommitted> for QuorumState {
             return Box::pin(ready(Ok(empty)));
         }
         if self.client_reads >= MAX_CLIENT_READS {
-            return Box::pin(ready(Err(NodeError(format!(
+            return Box::pin(ready(Err(NodeError::Busy(format!(
                 "{MAX_CLIENT_READS} log reads are already in progress; try again"
             )))));
         }
         let batches = match self.appender.read(from, high_watermark, READ_COMMITTED_MAX_BYTES) {
             Ok(batches) => batches,
-            Err(e) => return Box::pin(ready(Err(NodeError(format!("cannot read the log: {e}"))))),
+            Err(e) => return Box::pin(ready(Err(NodeError::Storage(format!("cannot read the log: {e}"))))),
         };
         // The read stays counted until the storage thread has answered it,
         // even if the client goes away first.
@@ -51,8 +51,8 @@ impl Handler<ReadCommitted> for QuorumState {
                 .await
                 .ok()
                 .and_then(Result::ok)
-                .ok_or_else(|| NodeError("the storage thread stopped".into()))?
-                .map_err(|e| NodeError(format!("cannot read the log: {e}")))?;
+                .ok_or_else(|| NodeError::Stopped("the storage thread stopped".into()))?
+                .map_err(|e| NodeError::Storage(format!("cannot read the log: {e}")))?;
             let records = committed_records(batches, from, high_watermark, max)?;
             Ok(RecordPage {
                 high_watermark,
@@ -219,7 +219,7 @@ pub(super) fn committed_records(
     let mut expected = from;
     'batches: for batch in batches {
         let records = batch.records().map_err(|e| {
-            NodeError(format!(
+            NodeError::Storage(format!(
                 "committed batch at offset {} does not decode: {e}",
                 batch.base_offset
             ))
@@ -233,7 +233,7 @@ pub(super) fn committed_records(
                 break 'batches;
             }
             if offset != expected {
-                return Err(NodeError(format!(
+                return Err(NodeError::Storage(format!(
                     "gap in the committed log: expected offset {expected}, found {offset}"
                 )));
             }

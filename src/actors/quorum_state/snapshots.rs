@@ -185,13 +185,15 @@ impl Handler<CreateSnapshot> for QuorumState {
         if let Some(created) = self.write_snapshot(ctx) {
             return Box::pin(async move {
                 match created.await {
-                    Ok(result) => result.map_err(|e| NodeError(e.to_string())),
-                    Err(_) => Err(NodeError("the node stopped while writing the snapshot".to_string())),
+                    Ok(result) => result.map_err(|e| NodeError::Storage(e.to_string())),
+                    Err(_) => Err(NodeError::Stopped(
+                        "the node stopped while writing the snapshot".to_string(),
+                    )),
                 }
             });
         }
         let answer = if self.snapshotting {
-            Err(NodeError("a snapshot is being written; try again".to_string()))
+            Err(NodeError::Busy("a snapshot is being written; try again".to_string()))
         } else {
             match self.snapshots.latest_held() {
                 Some(held) => Ok(SnapshotInfo {
@@ -200,7 +202,7 @@ impl Handler<CreateSnapshot> for QuorumState {
                     size_bytes: held.size_bytes,
                     created: false,
                 }),
-                None => Err(NodeError("nothing is committed yet".to_string())),
+                None => Err(NodeError::NotReady("nothing is committed yet".to_string())),
             }
         };
         Box::pin(ready(answer))
