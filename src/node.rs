@@ -325,8 +325,10 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
     let listeners = MetadataListeners::new(node_id, appender.clone(), 0).start();
     let requests = connect(quorum.clone().recipient());
     let forwarder_voters = config.quorum.voters.clone();
-    let forwarder =
-        AppendForwarder::create(|ctx| AppendForwarder::new(connect(ctx.address().recipient()), forwarder_voters));
+    let forward_timeout_ms = config.quorum.request_timeout_ms;
+    let forwarder = AppendForwarder::create(|ctx| {
+        AppendForwarder::new(connect(ctx.address().recipient()), forwarder_voters, forward_timeout_ms)
+    });
 
     let (on_stopped, quorum_stopped) = oneshot::channel();
     let log_end = log.end_offset();

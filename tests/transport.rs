@@ -277,6 +277,8 @@ impl Handler<RequestOutcome> for Collector {
 struct Client {
     manager: Addr<RequestManager>,
     outcomes: mpsc::UnboundedReceiver<RequestOutcome>,
+    /// Each request's own timeout, unless sent with another.
+    request_timeout_ms: u64,
 }
 
 impl Client {
@@ -293,15 +295,25 @@ impl Client {
             collector.recipient(),
         )
         .start();
-        Client { manager, outcomes }
+        Client {
+            manager,
+            outcomes,
+            request_timeout_ms,
+        }
     }
 
     async fn send(&self, to: NodeId, correlation_id: u64, request: RaftRequest) {
+        self.send_within(to, correlation_id, request, self.request_timeout_ms)
+            .await
+    }
+
+    async fn send_within(&self, to: NodeId, correlation_id: u64, request: RaftRequest, timeout_ms: u64) {
         self.manager
             .send(SendRequest {
                 to,
                 correlation_id,
                 request,
+                timeout_ms,
             })
             .await
             .unwrap();
@@ -740,6 +752,31 @@ async fn a_request_the_handler_never_answers_times_out() {
     assert!(elapsed >= Duration::from_millis(290), "timed out early: {elapsed:?}");
     assert!(elapsed < Duration::from_millis(2000), "timed out late: {elapsed:?}");
     client.assert_quiet(Duration::from_millis(200)).await;
+    assert_no_panics();
+}
+
+/// Each request times out on its own deadline (the engine's, for the
+/// protocol's requests), not on one timer shared by the connection: sent
+/// second with a shorter timeout, a request times out first.
+#[actix_rt::test]
+async fn each_request_times_out_after_its_own_timeout() {
+    count_panics();
+    let server = start_server(Mode::HoldAll).await;
+    let mut client = Client::start(CLUSTER, &[(SERVER_ID, server.addr())], 60_000);
+
+    client.send_within(SERVER_ID, 5, vote(1), 1_500).await;
+    client.send_within(SERVER_ID, 6, vote(1), 300).await;
+    let first = client.next().await;
+    assert_eq!(
+        (first.correlation_id, first.result),
+        (6, Err(TransportError::Timeout(SERVER_ID)))
+    );
+    let second = client.next().await;
+    assert_eq!(second.correlation_id, 5, "the longer timeout runs on");
+    assert!(matches!(
+        second.result,
+        Err(TransportError::Timeout(SERVER_ID) | TransportError::Disconnected(SERVER_ID, _))
+    ));
     assert_no_panics();
 }
 

@@ -48,15 +48,19 @@ struct PendingForward {
 pub struct AppendForwarder {
     requests: Recipient<SendRequest>,
     voters: BTreeMap<NodeId, String>,
+    /// How long the leader has to answer a forwarded append
+    /// (`quorum.request_timeout_ms`); then its outcome is unknown.
+    timeout_ms: u64,
     pending: HashMap<u64, PendingForward>,
     next_correlation_id: u64,
 }
 
 impl AppendForwarder {
-    pub fn new(requests: Recipient<SendRequest>, voters: BTreeMap<NodeId, String>) -> Self {
+    pub fn new(requests: Recipient<SendRequest>, voters: BTreeMap<NodeId, String>, timeout_ms: u64) -> Self {
         AppendForwarder {
             requests,
             voters,
+            timeout_ms,
             pending: HashMap::new(),
             next_correlation_id: 1,
         }
@@ -149,6 +153,7 @@ impl Handler<Forward> for AppendForwarder {
             to: msg.leader_id,
             correlation_id,
             request: RaftRequest::Append(AppendRequest { records }),
+            timeout_ms: self.timeout_ms,
         };
         ctx.spawn(
             wrap_future::<_, Self>(self.requests.send(request)).map(move |sent, act, _ctx| {

@@ -8,7 +8,8 @@
 //!   `SendRequest`: the peer's response, or a [`TransportError`]
 //!   (`UnknownNode` at once for an id not in the voter set, `Connect` when
 //!   the connection cannot be opened, `Disconnected` when it breaks,
-//!   `Timeout` after `request_timeout_ms`).
+//!   `Timeout` after the request's own `timeout_ms`, which for the
+//!   protocol's requests is the engine's deadline: one clock).
 //!
 //! Sent:
 //! - [`RequestOutcome`] to the `outcome` recipient (the QuorumState actor),
@@ -47,7 +48,7 @@
 //!   would break election safety.
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -81,6 +82,8 @@ pub struct RequestManager {
     cluster_id: String,
     /// id → `host:port` of every voter we may send to.
     voters: BTreeMap<NodeId, String>,
+    /// How long opening a connection may take (`quorum.request_timeout_ms`);
+    /// each request carries its own timeout.
     request_timeout: Duration,
     /// Largest response frame accepted from a peer.
     max_frame_bytes: u64,
@@ -121,7 +124,7 @@ impl RequestManager {
             max_frame_bytes: self.max_frame_bytes,
             outcome: self.outcome.clone(),
             in_flight: HashMap::new(),
-            deadlines: VecDeque::new(),
+            deadlines: BTreeSet::new(),
             connecting: None,
             queued: Vec::new(),
             connection: None,
@@ -155,6 +158,7 @@ impl Handler<SendRequest> for RequestManager {
             to,
             correlation_id,
             request,
+            timeout_ms,
         } = msg;
         let Some(endpoint) = self.voters.get(&to) else {
             warn!(to, api = request.api_name(), "request to a node that is not a voter");
@@ -177,7 +181,7 @@ impl Handler<SendRequest> for RequestManager {
         let outgoing = Outgoing {
             correlation_id,
             frame,
-            deadline: Instant::now() + self.request_timeout,
+            deadline: Instant::now() + Duration::from_millis(timeout_ms),
         };
         let outgoing = match self.destinations.get(&to) {
             Some(queue) => match queue.send(outgoing) {
@@ -257,8 +261,8 @@ type ConnectFuture = Pin<Box<dyn Future<Output = std::io::Result<TcpStream>>>>;
 ///
 /// Invariants: `connecting` and `connection` are never both set; `queued`
 /// is empty unless `connecting` is set; every key of `in_flight` has an
-/// entry in `deadlines`, which is sorted by deadline (all requests share one
-/// timeout and arrive in order). Each request leaves `in_flight` exactly
+/// entry in `deadlines`, which is ordered by deadline (requests carry
+/// timeouts of their own). Each request leaves `in_flight` exactly
 /// once, and that is when its outcome is delivered.
 struct Destination {
     /// The sequence number of the next frame handed to a writer.
@@ -271,7 +275,7 @@ struct Destination {
     outcome: Recipient<RequestOutcome>,
     in_flight: HashMap<u64, InFlight>,
     /// (deadline, correlation id); entries already answered are skipped.
-    deadlines: VecDeque<(Instant, u64)>,
+    deadlines: BTreeSet<(Instant, u64)>,
     connecting: Option<ConnectFuture>,
     /// Frames waiting for the connection being opened.
     queued: Vec<(u64, Vec<u8>)>,
@@ -302,7 +306,7 @@ impl Destination {
         let timer = tokio::time::sleep_until(Instant::now());
         tokio::pin!(timer);
         loop {
-            let next_deadline = self.deadlines.front().map(|&(deadline, _)| deadline);
+            let next_deadline = self.deadlines.first().map(|&(deadline, _)| deadline);
             if let Some(deadline) = next_deadline {
                 if timer.deadline() != deadline {
                     timer.as_mut().reset(deadline);
@@ -353,7 +357,7 @@ impl Destination {
             accepted_at: Instant::now(),
             seq: None,
         };
-        self.deadlines.push_back((deadline, correlation_id));
+        self.deadlines.insert((deadline, correlation_id));
         if let Some(connection) = &self.connection {
             let seq = self.next_seq;
             self.next_seq += 1;
@@ -467,11 +471,11 @@ impl Destination {
         let mut timed_out = Vec::new();
         let mut connection_silent = false;
         let mut connection_stuck = false;
-        while let Some(&(deadline, correlation_id)) = self.deadlines.front() {
+        while let Some(&(deadline, correlation_id)) = self.deadlines.first() {
             if deadline > now {
                 break;
             }
-            self.deadlines.pop_front();
+            self.deadlines.pop_first();
             if let Some(request) = self.in_flight.remove(&correlation_id) {
                 if let Some(connection) = &self.connection {
                     connection_silent |= connection.last_received_at <= request.accepted_at;

@@ -39,6 +39,10 @@ pub struct SendRequest {
     pub to: NodeId,
     pub correlation_id: u64,
     pub request: RaftRequest,
+    /// After this long without an answer the RequestManager reports
+    /// `Timeout`: the sender's own deadline for the request (the engine's,
+    /// for the protocol's requests), so that one clock decides.
+    pub timeout_ms: u64,
 }
 
 /// The outcome of a [`SendRequest`], delivered to the QuorumState actor.

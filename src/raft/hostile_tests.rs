@@ -720,6 +720,7 @@ impl Harness {
                 to,
                 correlation_id,
                 request,
+                ..
             } => self.outstanding.push((to, correlation_id, request)),
             Action::HighWatermark(hw) => {
                 assert!(

@@ -170,11 +170,14 @@ pub enum Action {
     /// Make all earlier log writes durable, then report `on_flushed`.
     Flush,
     /// Send a request to a voter; the answer comes back through
-    /// `handle_response` (or `handle_request_failed`) with this id.
+    /// `handle_response` (or `handle_request_failed`) with this id. The
+    /// engine gives up on it after `timeout_ms`; the transport must time it
+    /// out then too (one clock for one request), not on a timer of its own.
     Send {
         to: NodeId,
         correlation_id: u64,
         request: RaftRequest,
+        timeout_ms: u64,
     },
     /// Answer the request the shell delivered with `request_id`.
     Respond {
@@ -895,6 +898,7 @@ impl RaftNode {
             to,
             correlation_id,
             request,
+            timeout_ms: timeout,
         });
     }
 

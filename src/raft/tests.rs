@@ -33,6 +33,7 @@ fn sent(actions: &[Action]) -> Vec<(NodeId, u64, RaftRequest)> {
                 to,
                 correlation_id,
                 request,
+                ..
             } => Some((*to, *correlation_id, request.clone())),
             _ => None,
         })
@@ -3494,4 +3495,51 @@ fn proposals_waiting_to_commit_stop_counting_when_leadership_ends() {
     node.handle_request(now, 2, 1, begin_req(epoch + 1, 2));
     assert_eq!(node.role().role, RoleKind::Follower);
     assert_eq!(node.route_append(&[b"a".to_vec()]), AppendRoute::Forward(2));
+}
+
+/// One clock for one request: every `Send` carries the engine's own
+/// timeout for it, which the transport uses, so a fetch that may be parked
+/// for `fetch_max_wait_ms` is not timed out by the transport first.
+#[test]
+fn every_send_carries_the_engines_own_timeout_for_it() {
+    let mut config = config(2, &[1, 2, 3]);
+    config.request_timeout_ms = 600;
+    config.fetch_max_wait_ms = 500;
+    let mut node = RaftNode::new(config, ElectionState::default(), LogView::empty(), 0, 7);
+    node.take_actions();
+    node.handle_request(0, 1, 1, begin_req(1, 1));
+    let actions = node.take_actions();
+    let fetch_timeout = actions.iter().find_map(|a| match a {
+        Action::Send {
+            request: RaftRequest::Fetch(_),
+            timeout_ms,
+            ..
+        } => Some(*timeout_ms),
+        _ => None,
+    });
+    assert_eq!(fetch_timeout, Some(800), "max wait plus half a request timeout");
+    // A vote request gets the plain request timeout.
+    let mut candidate = RaftNode::new(
+        {
+            let mut c = super::tests::config(1, &[1, 2, 3]);
+            c.request_timeout_ms = 600;
+            c
+        },
+        ElectionState::default(),
+        LogView::empty(),
+        0,
+        7,
+    );
+    candidate.take_actions();
+    candidate.tick(3 * T);
+    let vote_timeouts: Vec<u64> = candidate
+        .take_actions()
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { timeout_ms, .. } => Some(*timeout_ms),
+            _ => None,
+        })
+        .collect();
+    assert!(!vote_timeouts.is_empty(), "a pre-vote was sent");
+    assert!(vote_timeouts.iter().all(|t| *t == 600), "{vote_timeouts:?}");
 }

@@ -1143,6 +1143,7 @@ impl Sim {
                 to,
                 correlation_id,
                 request,
+                ..
             } => {
                 if to == id || to < 1 || to as usize > self.nodes.len() {
                     return Err(violation(

@@ -186,6 +186,7 @@ impl Trace {
                 to,
                 correlation_id,
                 request,
+                ..
             } => {
                 self.tag(25);
                 self.i64(*to as i64);
@@ -279,6 +280,7 @@ pub fn describe_action(action: &Action) -> String {
             to,
             correlation_id,
             request,
+            ..
         } => {
             format!("send #{correlation_id} to {to}: {}", describe_request(request))
         }

@@ -407,6 +407,7 @@ impl QuorumState {
                     to,
                     correlation_id,
                     request,
+                    timeout_ms,
                 } => {
                     if let (Some(shutdown), RaftRequest::EndQuorumEpoch(_)) = (&mut self.shutting_down, &request) {
                         shutdown.on_send(correlation_id, to);
@@ -417,6 +418,7 @@ impl QuorumState {
                             to,
                             correlation_id,
                             request,
+                            timeout_ms,
                         },
                     ) {
                         return self.fatal(ctx, format!("request manager: {e}"));
@@ -920,7 +922,7 @@ mod snapshot_fetch_tests {
                 appender: appender.clone(),
                 storage_events,
                 requests: wire.clone().recipient(),
-                forwarder: AppendForwarder::new(wire.clone().recipient(), voters).start(),
+                forwarder: AppendForwarder::new(wire.clone().recipient(), voters, 2_000).start(),
                 purgatory: FetchPurgatory::new().start(),
                 listeners: MetadataListeners::new(OBSERVER, appender.clone(), 0).start(),
                 snapshots: SnapshotPolicy::new(defaults.snapshot_settings(), Vec::new(), 0, 0),
