@@ -100,8 +100,7 @@ impl RaftNode {
 
     /// Earliest time at which a Follower has something to do.
     pub(super) fn follower_deadline_ms(&self, f: &FollowerState) -> u64 {
-        let blocked = self.has_inflight(RequestKind::Fetch) || self.log.has_unflushed();
-        if blocked {
+        if !self.may_fetch() {
             f.fetch_deadline_ms
         } else {
             f.fetch_deadline_ms.min(f.next_fetch_ms)
@@ -135,15 +134,7 @@ impl RaftNode {
             }
             return;
         }
-        // A voter acknowledges by fetching: only once its log is durable.
-        // An observer waits too, though its fetch offset counts for
-        // nothing: else it fetches as fast as the leader answers while its
-        // disk falls behind, and what it has fetched but not yet written
-        // piles up in memory (a fresh observer reading a log of 1M records
-        // grew to 168 MiB). So each node holds at most one fetch answer
-        // that is not on disk.
-        let durable = !self.log.has_unflushed();
-        if now >= f.next_fetch_ms && durable && !self.has_inflight(RequestKind::Fetch) {
+        if now >= f.next_fetch_ms && self.may_fetch() {
             let to = f.leader_id;
             self.send_fetch(to);
         }

@@ -26,7 +26,7 @@
 
 use rand::Rng;
 
-use super::node::{RaftNode, RequestKind, Role};
+use super::node::{RaftNode, Role};
 use super::NodeId;
 
 #[derive(Debug)]
@@ -50,7 +50,7 @@ impl RaftNode {
     pub(super) fn unattached_deadline_ms(&self, s: &UnattachedState) -> u64 {
         if self.config.is_voter() {
             s.election_deadline_ms
-        } else if self.has_inflight(RequestKind::Fetch) || self.log.has_unflushed() {
+        } else if !self.may_fetch() {
             u64::MAX
         } else {
             s.next_discovery_ms
@@ -65,10 +65,9 @@ impl RaftNode {
             if now >= state.election_deadline_ms || self.is_only_voter() {
                 self.become_prospective();
             }
-        } else if now >= state.next_discovery_ms && !self.has_inflight(RequestKind::Fetch) && !self.log.has_unflushed()
-        {
+        } else if now >= state.next_discovery_ms && self.may_fetch() {
             // Its fetch offset is its log end: only once that is durable,
-            // as for a follower.
+            // as for a follower (`may_fetch`).
             // An observer knows the voters but not the leader: ask one.
             let voters: Vec<NodeId> = self.config.voters.keys().copied().collect();
             let to = voters[self.rng.gen_range(0..voters.len())];
