@@ -56,6 +56,15 @@ pub(super) struct FollowerState {
     pub(super) failed_installs: u32,
 }
 
+impl FollowerState {
+    /// A fetch (or snapshot chunk) from the leader succeeded at `now`: the
+    /// leader is alive for another fetch timeout.
+    fn on_fetch_success(&mut self, now: u64, fetch_timeout_ms: u64) {
+        self.last_fetch_success_ms = Some(now);
+        self.fetch_deadline_ms = now + fetch_timeout_ms;
+    }
+}
+
 /// A snapshot transfer from the leader (KIP-630).
 #[derive(Debug)]
 pub(super) struct SnapshotFetch {
@@ -227,8 +236,7 @@ impl RaftNode {
                 f.next_fetch_ms = retry;
                 return;
             }
-            f.last_fetch_success_ms = Some(now);
-            f.fetch_deadline_ms = now + self.config.fetch_timeout_ms;
+            f.on_fetch_success(now, self.config.fetch_timeout_ms);
             self.truncate_log(target);
             return;
         }
@@ -255,8 +263,7 @@ impl RaftNode {
             }
             // Our log is below the leader's log start: fetch its snapshot
             // (resumable by position), install it, then fetch the log again.
-            f.last_fetch_success_ms = Some(now);
-            f.fetch_deadline_ms = now + self.config.fetch_timeout_ms;
+            f.on_fetch_success(now, self.config.fetch_timeout_ms);
             f.next_fetch_ms = now;
             tracing::info!(leader = from, ?id, "fetching the leader's snapshot");
             f.snapshot = Some(SnapshotFetch {
@@ -287,8 +294,7 @@ impl RaftNode {
             expected = batch.next_offset();
             last_epoch = batch.epoch;
         }
-        f.last_fetch_success_ms = Some(now);
-        f.fetch_deadline_ms = now + self.config.fetch_timeout_ms;
+        f.on_fetch_success(now, self.config.fetch_timeout_ms);
         for batch in resp.batches {
             self.log.append(batch.base_offset, batch.next_offset(), batch.epoch);
             self.backlog.on_append(batch.next_offset(), batch.size_bytes());
@@ -351,6 +357,7 @@ impl RaftNode {
             f.next_fetch_ms = retry;
             return;
         }
+        // `on_fetch_success`, by field: `snapshot` still borrows `f`.
         f.last_fetch_success_ms = Some(now);
         f.fetch_deadline_ms = now + self.config.fetch_timeout_ms;
         f.next_fetch_ms = now;
