@@ -2144,7 +2144,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         drop(SledStore::open(dir.path(), "c", 1).unwrap());
         {
-            let db = sled::open(dir.path().join(SLED_SUBDIR)).unwrap();
+            // `open_sled` waits for the dropped store's lock, which sled
+            // releases only when its background flusher lets go.
+            let db = open_sled(&dir.path().join(SLED_SUBDIR)).unwrap();
             let crafted = Batch::new(Offset::MAX - 1, 1, &vec![Record::NoOp; 5]);
             assert!(
                 !crafted.verify(),
