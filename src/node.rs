@@ -326,8 +326,14 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
     let requests = connect(quorum.clone().recipient());
     let forwarder_voters = config.quorum.voters.clone();
     let forward_timeout_ms = config.quorum.request_timeout_ms;
+    let forward_max_bytes = config.log.max_batch_bytes;
     let forwarder = AppendForwarder::create(|ctx| {
-        AppendForwarder::new(connect(ctx.address().recipient()), forwarder_voters, forward_timeout_ms)
+        AppendForwarder::new(
+            connect(ctx.address().recipient()),
+            forwarder_voters,
+            forward_timeout_ms,
+            forward_max_bytes,
+        )
     });
 
     let (on_stopped, quorum_stopped) = oneshot::channel();

@@ -127,6 +127,11 @@ pub struct MetricsSnapshot {
     /// Fetch requests this node answered (as leader: its followers' and
     /// observers' fetch cycles).
     pub fetch_requests_total: u64,
+    /// Forwarded-append requests this node received from followers and
+    /// observers (each carries one or more clients' appends).
+    pub forwarded_requests_total: u64,
+    /// Clients' appends those requests carried.
+    pub forwarded_appends_total: u64,
     pub storage: StorageStats,
     pub uptime_ms: u64,
 }

@@ -1184,3 +1184,159 @@ async fn a_client_of_a_follower_has_its_append_forwarded_and_reads_it_back_there
     server.stop().await;
     shutdown_all(&mut nodes).await;
 }
+
+/// A follower forwards the appends of one hand-over to the leader together:
+/// one request, which the leader proposes at once (the groups in order,
+/// consecutive offsets); each client still gets its own outcome, and one
+/// the follower refuses itself (empty) is not sent.
+#[actix_rt::test]
+async fn a_followers_hand_over_is_forwarded_as_one_request_and_each_append_answered_on_its_own() {
+    init_tracing();
+    let (_dirs, mut nodes) = start_cluster().await;
+    let (leader, _) = agreed_leader(&nodes, 0).await;
+    let follower = nodes[(leader + 1) % 3].clone().unwrap();
+    let leader = nodes[leader].clone().unwrap();
+    let before = leader.metrics().await.unwrap();
+    let (replies, answers): (Vec<_>, Vec<_>) = (0..11).map(|_| tokio::sync::oneshot::channel()).unzip();
+    follower.append_each(
+        replies
+            .into_iter()
+            .enumerate()
+            .map(|(i, reply)| match i {
+                5 => (vec![], reply),
+                _ => (vec![data(&format!("r{i}")), data("x")], reply),
+            })
+            .collect(),
+    );
+    let mut next = None;
+    for (i, answer) in answers.into_iter().enumerate() {
+        let outcome = answer.await.unwrap();
+        if i == 5 {
+            assert!(matches!(outcome, Err(AppendError::Rejected(_))), "{outcome:?}");
+            continue;
+        }
+        let appended = outcome.expect("committed");
+        assert_eq!(appended.last_offset, appended.base_offset + 1);
+        if let Some(base) = next {
+            assert_eq!(
+                appended.base_offset, base,
+                "append {i}: in hand-over order, nothing between"
+            );
+        }
+        next = Some(appended.last_offset + 1);
+    }
+    let after = leader.metrics().await.unwrap();
+    assert_eq!(
+        (
+            after.forwarded_requests_total - before.forwarded_requests_total,
+            after.forwarded_appends_total - before.forwarded_appends_total
+        ),
+        (1, 10),
+        "ten appends forwarded in one request"
+    );
+    drop((leader, follower));
+    shutdown_all(&mut nodes).await;
+}
+
+/// The outcomes a request manager reports, for a test to read.
+struct Outcomes(tokio::sync::mpsc::UnboundedSender<kraft::messages::actor::RequestOutcome>);
+
+impl Actor for Outcomes {
+    type Context = Context<Self>;
+}
+
+impl Handler<kraft::messages::actor::RequestOutcome> for Outcomes {
+    type Result = ();
+
+    fn handle(&mut self, msg: kraft::messages::actor::RequestOutcome, _ctx: &mut Self::Context) {
+        let _ = self.0.send(msg);
+    }
+}
+
+/// The leader answers forwarded appends in either form: `AppendMany` with
+/// one answer per group, in order (an empty group refused on its own,
+/// nothing written for it), and the one-group `Append` an older follower
+/// sends.
+#[actix_rt::test]
+async fn the_leader_answers_each_forwarded_group_and_the_older_single_append() {
+    use kraft::actors::request_manager::RequestManager;
+    use kraft::messages::actor::SendRequest;
+    use kraft::messages::{AppendManyRequest, AppendRequest, AppendResponse, RaftRequest, RaftResponse};
+    use serde_bytes::ByteBuf;
+
+    init_tracing();
+    let ports = free_ports(1);
+    let dir = tempfile::tempdir().unwrap();
+    let config = single_node_config(&ports, dir.path(), false);
+    let cluster_id = config.node.cluster_id.clone();
+    let node = node::start(config).await.expect("node starts");
+    agreed_leader(&[Some(node.clone())], 0).await;
+    let (tx, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
+    let voters: BTreeMap<NodeId, String> = [(1, format!("127.0.0.1:{}", ports[0]))].into();
+    let manager = RequestManager::new(
+        7,
+        cluster_id,
+        voters,
+        10_000,
+        16 << 20,
+        Outcomes(tx).start().recipient(),
+    )
+    .start();
+    let group = |records: &[&str]| AppendRequest {
+        records: records.iter().map(|r| ByteBuf::from(data(r))).collect(),
+    };
+    let ask = |correlation_id: u64, request: RaftRequest| {
+        let manager = manager.clone();
+        async move {
+            let to = 1;
+            let timeout_ms = 10_000;
+            manager
+                .send(SendRequest {
+                    to,
+                    correlation_id,
+                    request,
+                    timeout_ms,
+                })
+                .await
+                .unwrap();
+        }
+    };
+    ask(
+        1,
+        RaftRequest::AppendMany(AppendManyRequest {
+            groups: vec![group(&["a", "b"]), group(&[]), group(&["c"])],
+        }),
+    )
+    .await;
+    let answer = tokio::time::timeout(WAIT, outcomes.recv()).await.unwrap().unwrap();
+    let Ok(RaftResponse::AppendMany(answers)) = answer.result else {
+        panic!("{answer:?}")
+    };
+    match answers.as_slice() {
+        [AppendResponse::Committed {
+            base_offset: a,
+            last_offset: b,
+            ..
+        }, AppendResponse::Rejected { .. }, AppendResponse::Committed {
+            base_offset: c,
+            last_offset: d,
+            ..
+        }] => assert_eq!(
+            (*b, *c, *d),
+            (a + 1, a + 2, a + 2),
+            "in order, nothing for the empty group"
+        ),
+        other => panic!("{other:?}"),
+    }
+    ask(2, RaftRequest::Append(group(&["e", "f"]))).await;
+    let answer = tokio::time::timeout(WAIT, outcomes.recv()).await.unwrap().unwrap();
+    match answer.result {
+        Ok(RaftResponse::Append(AppendResponse::Committed {
+            base_offset,
+            last_offset,
+            ..
+        })) => assert_eq!(last_offset, base_offset + 1),
+        other => panic!("{other:?}"),
+    }
+    node.shutdown().await;
+}

@@ -215,8 +215,13 @@ pub async fn run(options: AbOptions) -> Result<()> {
             println!("\n-- pair {pair}, {}", build.label());
             harness::print_header();
             for &concurrency in &cluster.concurrency {
-                let system = if cluster.native { System::KraftNative } else { System::Kraft };
-                let point = harness::measure_point(system, concurrency, pair, &installed, cluster).await;
+                let system = if cluster.native {
+                    System::KraftNative
+                } else {
+                    System::Kraft
+                };
+                let placement = cluster.placements[0];
+                let point = harness::measure_point(system, placement, concurrency, pair, &installed, cluster).await;
                 harness::print_point(&point);
                 points.push(AbPoint { pair, build, point });
             }
@@ -258,6 +263,7 @@ mod tests {
             build,
             point: PointRecord {
                 system: System::Kraft,
+                placement: harness::Placement::Leader,
                 concurrency,
                 run: pair,
                 leader: None,

@@ -2,7 +2,6 @@
 //! level a fresh 3-node cluster of each system driven by the closed loop,
 //! then the tables, the ratios, the results JSON and the chart.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -23,6 +22,9 @@ const POINT_PROBE: Duration = Duration::from_millis(500);
 
 pub struct ClusterOptions {
     pub peers: bool,
+    /// Which members the clients talk to; every system is measured under
+    /// each.
+    pub placements: Vec<Placement>,
     /// Also drive kraft through its client protocol (`listeners.client`).
     pub native: bool,
     /// Also drive kraft through one pipelined connection for all clients.
@@ -65,6 +67,12 @@ impl System {
         matches!(self, System::Kraft | System::KraftNative | System::KraftProducer)
     }
 
+    /// Whether the system is measured under `placement`: the HTTP stub is
+    /// one server, so only "the leader".
+    pub fn takes(self, placement: Placement) -> bool {
+        self != System::HttpStub || placement == Placement::Leader
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             System::Kraft => "kraft",
@@ -74,6 +82,63 @@ impl System {
             System::ZooKeeper => "ZooKeeper",
             System::HttpStub => "HTTP stub",
         }
+    }
+}
+
+/// Which members of a 3-member cluster the clients send their writes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// Every client on the leader (found before the load starts).
+    #[default]
+    Leader,
+    /// Client *i* on the (*i* mod 2)-th follower: every write forwarded.
+    Followers,
+    /// Client *i* on member *i* mod 3, leader or not, as clients that do
+    /// not know the leader would balance.
+    Spread,
+}
+
+impl Placement {
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Leader => "leader",
+            Placement::Followers => "followers",
+            Placement::Spread => "spread",
+        }
+    }
+
+    /// The index (into `members`) of the member client `client` talks to,
+    /// given the leader's index.
+    pub fn member_for(self, client: usize, leader: usize, members: usize) -> usize {
+        match self {
+            Placement::Leader => leader,
+            Placement::Followers => {
+                let k = client % (members - 1);
+                if k >= leader {
+                    k + 1
+                } else {
+                    k
+                }
+            }
+            Placement::Spread => client % members,
+        }
+    }
+
+    /// The member of each of `clients` clients.
+    fn targets<T: Clone>(self, clients: usize, leader: usize, members: &[T]) -> Vec<T> {
+        (0..clients)
+            .map(|i| members[self.member_for(i, leader, members.len())].clone())
+            .collect()
+    }
+}
+
+/// A system under one placement, as the tables name it: the system's name,
+/// and the placement unless it is the leader.
+pub fn label(system: System, placement: Placement) -> String {
+    match placement {
+        Placement::Leader => system.name().to_string(),
+        other => format!("{} {}", system.name(), other.name()),
     }
 }
 
@@ -88,9 +153,13 @@ pub struct Installed {
 #[derive(Serialize, Deserialize)]
 pub struct PointRecord {
     pub system: System,
+    /// Which members the clients used (files from before placements: the
+    /// leader).
+    #[serde(default)]
+    pub placement: Placement,
     pub concurrency: usize,
     pub run: usize,
-    /// Where the writes went.
+    /// Where the writes went: the leader, and the members the clients used.
     pub leader: Option<String>,
     /// fdatasync p50 of one-at-a-time 100-byte writes to a preallocated
     /// file with the CPUs busy, probed just before the cluster started (this
@@ -110,6 +179,7 @@ struct Report<'a> {
     kraft_c1_p50_over_floor: Option<f64>,
     points: &'a [PointRecord],
     ratios: Vec<Ratio>,
+    placement_ratios: Vec<PlacementRatio>,
 }
 
 #[derive(Serialize)]
@@ -134,6 +204,7 @@ impl Machine {
 #[derive(Serialize)]
 struct Settings<'a> {
     systems: Vec<&'static str>,
+    placements: Vec<&'static str>,
     concurrency: &'a [usize],
     runs: usize,
     warmup_secs: f64,
@@ -144,12 +215,25 @@ struct Settings<'a> {
     kraft_bin: String,
 }
 
-/// kraft over a peer at one concurrency level (medians over the runs).
+/// kraft over a peer at one concurrency level and placement (medians over
+/// the runs).
 #[derive(Serialize)]
 struct Ratio {
     /// kraft (over HTTP) or kraft native.
     kraft: System,
     peer: System,
+    placement: Placement,
+    concurrency: usize,
+    ops_per_sec: Option<f64>,
+    p99: Option<f64>,
+}
+
+/// A system under a placement over the same system with every client on
+/// the leader, at one concurrency level (medians over the runs).
+#[derive(Serialize)]
+struct PlacementRatio {
+    system: System,
+    placement: Placement,
     concurrency: usize,
     ops_per_sec: Option<f64>,
     p99: Option<f64>,
@@ -205,10 +289,12 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
     let mut points = Vec::new();
     for run in 1..=options.runs {
         for &concurrency in &options.concurrency {
-            for &system in &systems {
-                let point = measure_point(system, concurrency, run, &installed, &options).await;
-                print_point(&point);
-                points.push(point);
+            for &placement in &options.placements {
+                for &system in systems.iter().filter(|s| s.takes(placement)) {
+                    let point = measure_point(system, placement, concurrency, run, &installed, &options).await;
+                    print_point(&point);
+                    points.push(point);
+                }
             }
         }
     }
@@ -216,21 +302,25 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
     println!();
     println!("== summary (median over runs)");
     print_header();
-    for &system in &systems {
-        for &concurrency in &options.concurrency {
-            if let Some(point) = median(&points, system, concurrency) {
-                print_row(
-                    system,
-                    concurrency,
-                    point.result.as_ref().expect("median has a result"),
-                    point.fdatasync_p50_ms_before,
-                );
+    for &placement in &options.placements {
+        for &system in systems.iter().filter(|s| s.takes(placement)) {
+            for &concurrency in &options.concurrency {
+                if let Some(point) = median(&points, system, placement, concurrency) {
+                    print_row(
+                        &label(system, placement),
+                        concurrency,
+                        point.result.as_ref().expect("median has a result"),
+                        point.fdatasync_p50_ms_before,
+                    );
+                }
             }
         }
     }
-    let over_floor = median(&points, System::Kraft, 1).map(|p| result_of(p).latency_ms.p50 / limits.c1_floor_ms);
+    let leader = Placement::Leader;
+    let over_floor =
+        median(&points, System::Kraft, leader, 1).map(|p| result_of(p).latency_ms.p50 / limits.c1_floor_ms);
     for &kraft in systems.iter().filter(|s| s.is_kraft()) {
-        let Some(point) = median(&points, kraft, 1) else {
+        let Some(point) = median(&points, kraft, leader, 1) else {
             continue;
         };
         let name = kraft.name();
@@ -254,8 +344,10 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
             );
         }
     }
-    let ratios = ratios(&points, &systems, &options.concurrency);
+    let ratios = ratios(&points, &systems, &options.placements, &options.concurrency);
     print_ratios(&ratios);
+    let placement_ratios = placement_ratios(&points, &systems, &options.placements, &options.concurrency);
+    print_placement_ratios(&placement_ratios);
 
     let stem = format!("cluster-{started_unix}");
     let json_path = options.out.join(format!("{stem}.json"));
@@ -266,6 +358,7 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
         machine,
         settings: Settings {
             systems: systems.iter().map(|s| s.name()).collect(),
+            placements: options.placements.iter().map(|p| p.name()).collect(),
             concurrency: &options.concurrency,
             runs: options.runs,
             warmup_secs: options.window.warmup.as_secs_f64(),
@@ -279,10 +372,11 @@ pub async fn run(options: ClusterOptions) -> Result<()> {
         kraft_c1_p50_over_floor: over_floor,
         points: &points,
         ratios,
+        placement_ratios,
     };
     procs::write_json(&json_path, &report)?;
     let title = chart_title(options.value_bytes, report.machine.nproc);
-    let series = chart_series(&points, &systems, &options.concurrency);
+    let series = chart_series(&points, &systems, &options.placements, &options.concurrency);
     match plot::latency_vs_throughput(&svg_path, &title, &series) {
         Ok(()) => println!("\nresults: {}\nchart:   {}", json_path.display(), svg_path.display()),
         Err(e) => println!("\nresults: {}\nchart not written: {e:#}", json_path.display()),
@@ -294,16 +388,27 @@ fn chart_title(value_bytes: usize, nproc: usize) -> String {
     format!("3-node clusters on 127.0.0.1, {value_bytes}-byte writes, closed loop ({nproc} cores)")
 }
 
-/// Per system, the median run of each concurrency level.
-fn chart_series(points: &[PointRecord], systems: &[System], levels: &[usize]) -> Vec<plot::Series> {
-    systems
+/// Per system and placement, the median run of each concurrency level.
+fn chart_series(
+    points: &[PointRecord],
+    systems: &[System],
+    placements: &[Placement],
+    levels: &[usize],
+) -> Vec<plot::Series> {
+    placements
         .iter()
-        .map(|&system| plot::Series {
-            system: system.name().to_string(),
+        .flat_map(|&placement| {
+            systems
+                .iter()
+                .filter(move |s| s.takes(placement))
+                .map(move |&system| (system, placement))
+        })
+        .map(|(system, placement)| plot::Series {
+            system: label(system, placement),
             points: levels
                 .iter()
                 .filter_map(|&c| {
-                    median_result(points, system, c).map(|r| plot::Point {
+                    median_result(points, system, placement, c).map(|r| plot::Point {
                         concurrency: c,
                         ops_per_sec: r.ops_per_sec,
                         p50_ms: r.latency_ms.p50,
@@ -336,14 +441,17 @@ pub fn replot(json_path: &Path) -> Result<PathBuf> {
     let text = std::fs::read_to_string(json_path).with_context(|| format!("cannot read {}", json_path.display()))?;
     let saved: Saved = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a cluster results file", json_path.display()))?;
-    let mut systems: Vec<System> = Vec::new();
+    let (mut systems, mut placements): (Vec<System>, Vec<Placement>) = (Vec::new(), Vec::new());
     for point in &saved.points {
         if !systems.contains(&point.system) {
             systems.push(point.system);
         }
+        if !placements.contains(&point.placement) {
+            placements.push(point.placement);
+        }
     }
     let svg_path = json_path.with_extension("svg");
-    let series = chart_series(&saved.points, &systems, &saved.settings.concurrency);
+    let series = chart_series(&saved.points, &systems, &placements, &saved.settings.concurrency);
     plot::latency_vs_throughput(
         &svg_path,
         &chart_title(saved.settings.value_bytes, saved.machine.nproc),
@@ -353,9 +461,11 @@ pub fn replot(json_path: &Path) -> Result<PathBuf> {
 }
 
 /// Starts a fresh cluster of `system`, finds its leader, runs the closed
-/// loop with `concurrency` clients, stops the cluster.
+/// loop with `concurrency` clients placed on its members by `placement`,
+/// stops the cluster.
 pub async fn measure_point(
     system: System,
+    placement: Placement,
     concurrency: usize,
     run: usize,
     installed: &Installed,
@@ -378,31 +488,64 @@ pub async fn measure_point(
         match system {
             System::Kraft => {
                 let mut cluster = KraftCluster::start(&installed.kraft, root)?;
-                let addr: SocketAddr = cluster.wait_for_leader().await?;
-                leader = Some(format!("http://{addr} (GET /v1/quorum: role leader, agreed by all 3)"));
-                let clients = (0..concurrency).map(|i| AppendClient::new(addr, i, values)).collect();
+                let id = cluster.wait_for_leader_id().await?;
+                leader = Some(format!(
+                    "http://{} (GET /v1/quorum: role leader, agreed by all 3){}",
+                    cluster.http[id - 1],
+                    placed(placement, concurrency, id - 1, &cluster.http)
+                ));
+                let clients = placement
+                    .targets(concurrency, id - 1, &cluster.http)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, addr)| AppendClient::new(addr, i, values))
+                    .collect();
                 Ok(load::run(clients, window, &cluster.pids()).await)
             }
             System::KraftNative => {
                 let mut cluster = KraftCluster::start_native(&installed.kraft, root)?;
-                let addr: SocketAddr = cluster.wait_for_native_leader().await?;
-                leader = Some(format!("{addr} (the leader's client listener)"));
-                let clients = (0..concurrency)
-                    .map(|i| NativeAppendClient::new(addr, i, values))
+                let id = cluster.wait_for_leader_id().await?;
+                leader = Some(format!(
+                    "{} (the leader's client listener){}",
+                    cluster.client[id - 1],
+                    placed(placement, concurrency, id - 1, &cluster.client)
+                ));
+                let clients = placement
+                    .targets(concurrency, id - 1, &cluster.client)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, addr)| NativeAppendClient::new(addr, i, values))
                     .collect();
                 Ok(load::run(clients, window, &cluster.pids()).await)
             }
             System::KraftProducer => {
                 let mut cluster = KraftCluster::start_native(&installed.kraft, root)?;
-                let addr: SocketAddr = cluster.wait_for_native_leader().await?;
+                let id = cluster.wait_for_leader_id().await?;
                 leader = Some(format!(
-                    "{addr} (the leader's client listener, one connection for every client)"
+                    "{} (the leader's client listener, one connection per member used for every client on it){}",
+                    cluster.client[id - 1],
+                    placed(placement, concurrency, id - 1, &cluster.client)
                 ));
-                let producer = kraft::client::Producer::connect(addr)
-                    .await
-                    .with_context(|| format!("cannot connect a producer to {addr}"))?;
+                // One producer per member the placement uses.
+                let mut producers = Vec::new();
+                for (i, &addr) in cluster.client.iter().enumerate() {
+                    let used = (0..concurrency).any(|c| placement.member_for(c, id - 1, cluster.client.len()) == i);
+                    producers.push(if used {
+                        Some(
+                            kraft::client::Producer::connect(addr)
+                                .await
+                                .with_context(|| format!("cannot connect a producer to {addr}"))?,
+                        )
+                    } else {
+                        None
+                    });
+                }
                 let clients = (0..concurrency)
-                    .map(|i| ProducerAppendClient::new(producer.clone(), i, values))
+                    .map(|i| {
+                        let member = placement.member_for(i, id - 1, producers.len());
+                        let producer = producers[member].clone().expect("connected above");
+                        ProducerAppendClient::new(producer, i, values)
+                    })
                     .collect();
                 Ok(load::run(clients, window, &cluster.pids()).await)
             }
@@ -410,10 +553,22 @@ pub async fn measure_point(
                 let bin = installed.etcd.as_ref().context("etcd not located")?;
                 let mut cluster = EtcdCluster::start(bin, root)?;
                 let endpoint = cluster.wait_for_leader().await?;
-                leader = Some(format!("{endpoint} (maintenance Status: leader member id)"));
+                let index = cluster
+                    .endpoints
+                    .iter()
+                    .position(|e| *e == endpoint)
+                    .context("etcd's leader is not one of its endpoints")?;
+                leader = Some(format!(
+                    "{endpoint} (maintenance Status: leader member id){}",
+                    placed(placement, concurrency, index, &cluster.endpoints)
+                ));
                 let mut clients = Vec::with_capacity(concurrency);
-                for i in 0..concurrency {
-                    clients.push(PutClient::connect(&endpoint, i, values).await?);
+                for (i, endpoint) in placement
+                    .targets(concurrency, index, &cluster.endpoints)
+                    .iter()
+                    .enumerate()
+                {
+                    clients.push(PutClient::connect(endpoint, i, values).await?);
                 }
                 Ok(load::run(clients, window, &cluster.pids()).await)
             }
@@ -421,11 +576,23 @@ pub async fn measure_point(
                 let installation = installed.zookeeper.as_ref().context("ZooKeeper not located")?;
                 let mut ensemble = ZkEnsemble::start(installation, root)?;
                 let addr = ensemble.wait_for_leader().await?;
-                leader = Some(format!("{addr} (srvr: Mode leader)"));
+                let index = ensemble
+                    .clients
+                    .iter()
+                    .position(|a| *a == addr)
+                    .context("ZooKeeper's leader is not one of its servers")?;
+                leader = Some(format!(
+                    "{addr} (srvr: Mode leader){}",
+                    placed(placement, concurrency, index, &ensemble.clients)
+                ));
                 zookeeper::create_znodes(addr, concurrency, values).await?;
                 let mut clients = Vec::with_capacity(concurrency);
-                for i in 0..concurrency {
-                    clients.push(SetDataClient::connect(addr, i, values).await?);
+                for (i, addr) in placement
+                    .targets(concurrency, index, &ensemble.clients)
+                    .iter()
+                    .enumerate()
+                {
+                    clients.push(SetDataClient::connect(*addr, i, values).await?);
                 }
                 Ok(load::run(clients, window, &ensemble.pids()).await)
             }
@@ -448,6 +615,7 @@ pub async fn measure_point(
     };
     PointRecord {
         system,
+        placement,
         concurrency,
         run,
         leader,
@@ -457,9 +625,21 @@ pub async fn measure_point(
     }
 }
 
+/// For a placement other than the leader, which members the clients used.
+fn placed<T: std::fmt::Display>(placement: Placement, clients: usize, leader: usize, members: &[T]) -> String {
+    if placement == Placement::Leader {
+        return String::new();
+    }
+    let used: Vec<String> = (0..members.len())
+        .filter(|&m| (0..clients).any(|c| placement.member_for(c, leader, members.len()) == m))
+        .map(|m| members[m].to_string())
+        .collect();
+    format!("; clients ({}) on {}", placement.name(), used.join(", "))
+}
+
 pub fn print_header() {
     println!(
-        "{:<14} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>11} {:>11} {:>10}",
+        "{:<24} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>11} {:>11} {:>10}",
         "system",
         "C",
         "ops/s",
@@ -474,10 +654,10 @@ pub fn print_header() {
     );
 }
 
-fn print_row(system: System, concurrency: usize, r: &LoadResult, fsync_ms: Option<f64>) {
+fn print_row(label: &str, concurrency: usize, r: &LoadResult, fsync_ms: Option<f64>) {
     println!(
-        "{:<14} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>9.1} {:>7} {:>11} {:>11} {:>10}",
-        system.name(),
+        "{:<24} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>9.3} {:>9.1} {:>7} {:>11} {:>11} {:>10}",
+        label,
         concurrency,
         r.ops_per_sec,
         r.latency_ms.p50,
@@ -494,38 +674,58 @@ fn print_row(system: System, concurrency: usize, r: &LoadResult, fsync_ms: Optio
 pub fn print_point(point: &PointRecord) {
     match (&point.result, &point.error) {
         (Some(r), _) => {
-            print_row(point.system, point.concurrency, r, point.fdatasync_p50_ms_before);
+            let label = label(point.system, point.placement);
+            print_row(&label, point.concurrency, r, point.fdatasync_p50_ms_before);
             for (message, count) in &r.error_samples {
                 println!("{:>17} error x{count}: {message}", "");
             }
         }
-        (None, Some(e)) => println!("{:<14} {:>4}  FAILED: {e}", point.system.name(), point.concurrency),
+        (None, Some(e)) => println!(
+            "{:<24} {:>4}  FAILED: {e}",
+            label(point.system, point.placement),
+            point.concurrency
+        ),
         (None, None) => {}
     }
 }
 
 /// The run with the median ops/s among the successful runs of one point.
-fn median(points: &[PointRecord], system: System, concurrency: usize) -> Option<&PointRecord> {
+fn median(points: &[PointRecord], system: System, placement: Placement, concurrency: usize) -> Option<&PointRecord> {
     let mut runs: Vec<&PointRecord> = points
         .iter()
-        .filter(|p| p.system == system && p.concurrency == concurrency && p.result.is_some())
+        .filter(|p| {
+            p.system == system && p.placement == placement && p.concurrency == concurrency && p.result.is_some()
+        })
         .collect();
     runs.sort_by(|a, b| result_of(a).ops_per_sec.total_cmp(&result_of(b).ops_per_sec));
     runs.get(runs.len().saturating_sub(1) / 2).copied()
 }
 
-fn median_result(points: &[PointRecord], system: System, concurrency: usize) -> Option<&LoadResult> {
-    median(points, system, concurrency).map(result_of)
+fn median_result(
+    points: &[PointRecord],
+    system: System,
+    placement: Placement,
+    concurrency: usize,
+) -> Option<&LoadResult> {
+    median(points, system, placement, concurrency).map(result_of)
+}
+
+/// `a` over `b` in `f`, when both were measured and `b`'s is above 0.
+fn ratio_of(a: Option<&LoadResult>, b: Option<&LoadResult>, f: fn(&LoadResult) -> f64) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if f(b) > 0.0 => Some(f(a) / f(b)),
+        _ => None,
+    }
 }
 
 fn result_of(point: &PointRecord) -> &LoadResult {
     point.result.as_ref().expect("filtered on results")
 }
 
-/// kraft against every peer, kraft native against every other system
-/// (kraft over HTTP included), and kraft producer against every other
-/// system (both other krafts included).
-fn ratios(points: &[PointRecord], systems: &[System], levels: &[usize]) -> Vec<Ratio> {
+/// Under each placement: kraft against every peer, kraft native against
+/// every other system (kraft over HTTP included), and kraft producer
+/// against every other system (both other krafts included).
+fn ratios(points: &[PointRecord], systems: &[System], placements: &[Placement], levels: &[usize]) -> Vec<Ratio> {
     let mut ratios = Vec::new();
     let pairs = systems.iter().filter(|s| s.is_kraft()).flat_map(|&kraft| {
         systems
@@ -534,23 +734,73 @@ fn ratios(points: &[PointRecord], systems: &[System], levels: &[usize]) -> Vec<R
             .map(move |&peer| (kraft, peer))
     });
     for (kraft_system, peer) in pairs {
-        for &c in levels {
-            let kraft = median_result(points, kraft_system, c);
-            let other = median_result(points, peer, c);
-            let ratio = |f: fn(&LoadResult) -> f64| match (kraft, other) {
-                (Some(k), Some(o)) if f(o) > 0.0 => Some(f(k) / f(o)),
-                _ => None,
-            };
-            ratios.push(Ratio {
-                kraft: kraft_system,
-                peer,
-                concurrency: c,
-                ops_per_sec: ratio(|r| r.ops_per_sec),
-                p99: ratio(|r| r.latency_ms.p99),
-            });
+        for &placement in placements.iter().filter(|&&p| peer.takes(p)) {
+            for &c in levels {
+                let kraft = median_result(points, kraft_system, placement, c);
+                let other = median_result(points, peer, placement, c);
+                ratios.push(Ratio {
+                    kraft: kraft_system,
+                    peer,
+                    placement,
+                    concurrency: c,
+                    ops_per_sec: ratio_of(kraft, other, |r| r.ops_per_sec),
+                    p99: ratio_of(kraft, other, |r| r.latency_ms.p99),
+                });
+            }
         }
     }
     ratios
+}
+
+/// Every system under every placement but the leader, over itself with
+/// all clients on the leader.
+fn placement_ratios(
+    points: &[PointRecord],
+    systems: &[System],
+    placements: &[Placement],
+    levels: &[usize],
+) -> Vec<PlacementRatio> {
+    let mut ratios = Vec::new();
+    for &system in systems {
+        for &placement in placements
+            .iter()
+            .filter(|&&p| p != Placement::Leader && system.takes(p))
+        {
+            for &c in levels {
+                let placed = median_result(points, system, placement, c);
+                let leader = median_result(points, system, Placement::Leader, c);
+                if leader.is_none() {
+                    continue;
+                }
+                ratios.push(PlacementRatio {
+                    system,
+                    placement,
+                    concurrency: c,
+                    ops_per_sec: ratio_of(placed, leader, |r| r.ops_per_sec),
+                    p99: ratio_of(placed, leader, |r| r.latency_ms.p99),
+                });
+            }
+        }
+    }
+    ratios
+}
+
+fn print_placement_ratios(ratios: &[PlacementRatio]) {
+    if ratios.is_empty() {
+        return;
+    }
+    println!("\n== placement / leader-only, same system (ops/s: 1 = as fast as with every client on the leader; p99: 1 = as low)");
+    println!("{:<34} {:>5} {:>12} {:>12}", "", "C", "ops/s ratio", "p99 ratio");
+    let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    for r in ratios {
+        println!(
+            "{:<34} {:>5} {:>12} {:>12}",
+            format!("{}/{}", label(r.system, r.placement), r.system.name()),
+            r.concurrency,
+            show(r.ops_per_sec),
+            show(r.p99)
+        );
+    }
 }
 
 /// The order in which the krafts are compared with one another: each with
@@ -569,12 +819,12 @@ fn print_ratios(ratios: &[Ratio]) {
         return;
     }
     println!("\n== kraft / peer, point by point (ops/s: above 1 = kraft faster; p99: below 1 = kraft lower)");
-    println!("{:<28} {:>5} {:>12} {:>12}", "", "C", "ops/s ratio", "p99 ratio");
+    println!("{:<44} {:>5} {:>12} {:>12}", "", "C", "ops/s ratio", "p99 ratio");
     let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     for r in ratios {
         println!(
-            "{:<28} {:>5} {:>12} {:>12}",
-            format!("{}/{}", r.kraft.name(), r.peer.name()),
+            "{:<44} {:>5} {:>12} {:>12}",
+            format!("{}/{}", label(r.kraft, r.placement), label(r.peer, r.placement)),
             r.concurrency,
             show(r.ops_per_sec),
             show(r.p99)
@@ -595,6 +845,7 @@ mod tests {
     fn point(system: System, ops_per_sec: f64) -> PointRecord {
         PointRecord {
             system,
+            placement: Placement::Leader,
             concurrency: 8,
             run: 1,
             leader: None,
@@ -624,7 +875,7 @@ mod tests {
             .zip([100.0, 200.0, 400.0, 50.0])
             .map(|(&system, ops)| point(system, ops))
             .collect();
-        let found: Vec<_> = ratios(&points, &systems, &[8])
+        let found: Vec<_> = ratios(&points, &systems, &[Placement::Leader], &[8])
             .iter()
             .map(|r| (r.kraft.name(), r.peer.name(), r.ops_per_sec.unwrap()))
             .collect();
@@ -639,5 +890,39 @@ mod tests {
                 ("kraft producer", "etcd", 8.0),
             ]
         );
+    }
+
+    #[test]
+    fn placements_put_each_client_on_the_members_they_name() {
+        let members = ["n1", "n2", "n3"];
+        let on = |placement: Placement, leader: usize| placement.targets(6, leader, &members);
+        assert_eq!(on(Placement::Leader, 1), ["n2"; 6]);
+        assert_eq!(on(Placement::Followers, 1), ["n1", "n3", "n1", "n3", "n1", "n3"]);
+        assert_eq!(on(Placement::Followers, 0), ["n2", "n3", "n2", "n3", "n2", "n3"]);
+        assert_eq!(on(Placement::Followers, 2), ["n1", "n2", "n1", "n2", "n1", "n2"]);
+        assert_eq!(on(Placement::Spread, 2), ["n1", "n2", "n3", "n1", "n2", "n3"]);
+    }
+
+    #[test]
+    fn each_placement_is_compared_with_the_same_system_on_the_leader() {
+        let mut points = vec![point(System::Kraft, 100.0), point(System::Etcd, 50.0)];
+        for (system, ops) in [(System::Kraft, 90.0), (System::Etcd, 30.0)] {
+            let mut spread = point(system, ops);
+            spread.placement = Placement::Spread;
+            points.push(spread);
+        }
+        let systems = [System::Kraft, System::Etcd];
+        let placements = [Placement::Leader, Placement::Spread];
+        let found: Vec<_> = placement_ratios(&points, &systems, &placements, &[8])
+            .iter()
+            .map(|r| (r.system.name(), r.placement.name(), r.ops_per_sec.unwrap()))
+            .collect();
+        assert_eq!(found, [("kraft", "spread", 0.9), ("etcd", "spread", 0.6)]);
+        let spread: Vec<_> = ratios(&points, &systems, &placements, &[8])
+            .iter()
+            .filter(|r| r.placement == Placement::Spread)
+            .map(|r| r.ops_per_sec.unwrap())
+            .collect();
+        assert_eq!(spread, [3.0]);
     }
 }

@@ -290,24 +290,7 @@ impl KraftCluster {
     }
 
     /// Waits until one node is leader and all three name it in the same
-    /// epoch; returns its HTTP address.
-    pub async fn wait_for_leader(&mut self) -> Result<SocketAddr> {
-        let id = self.wait_for_leader_id().await?;
-        Ok(self.http[id - 1])
-    }
-
-    /// Waits for an agreed leader as [`KraftCluster::wait_for_leader`];
-    /// returns its client listener (the cluster must have been started
-    /// with [`KraftCluster::start_native`]).
-    pub async fn wait_for_native_leader(&mut self) -> Result<SocketAddr> {
-        let id = self.wait_for_leader_id().await?;
-        self.client
-            .get(id - 1)
-            .copied()
-            .context("the cluster serves no client listener (start it with start_native)")
-    }
-
-    /// [`KraftCluster::wait_for_leader`], returning the leader's node id.
+    /// epoch; returns its node id.
     pub async fn wait_for_leader_id(&mut self) -> Result<usize> {
         let deadline = tokio::time::Instant::now() + LEADER_WAIT;
         let mut last = String::from("no answer yet");

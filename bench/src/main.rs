@@ -103,6 +103,9 @@ struct ClusterArgs {
     /// Also benchmark a 3-member etcd cluster and a 3-server ZooKeeper ensemble (scripts/install-bench-peers.sh).
     #[arg(long)]
     peers: bool,
+    /// Which members the clients write to, each measured for every system: leader (all on the leader), followers (client i on follower i mod 2: every write forwarded), spread (client i on member i mod 3).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "leader")]
+    placement: Vec<harness::Placement>,
     /// Also drive a stub actix-web server (one worker) that answers POST /v1/append at once: the most kraft's HTTP API could give here.
     #[arg(long)]
     http_ceiling: bool,
@@ -241,6 +244,9 @@ struct AbArgs {
     /// Drive both builds through the client protocol (listeners.client) instead of HTTP; both must serve it.
     #[arg(long)]
     native: bool,
+    /// Which members the clients write to (leader, followers or spread; see `cluster --help`).
+    #[arg(long, value_enum, default_value = "leader")]
+    placement: harness::Placement,
     /// Measured seconds per point.
     #[arg(long, default_value_t = 6.0)]
     duration_secs: f64,
@@ -332,8 +338,14 @@ fn main() -> ExitCode {
 
 fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.runs > 0, "--runs must be above 0");
+    let placements = args.placement;
+    anyhow::ensure!(
+        !placements.iter().enumerate().any(|(i, p)| placements[..i].contains(p)),
+        "--placement lists a placement twice"
+    );
     let options = harness::ClusterOptions {
         peers: args.peers,
+        placements,
         native: args.native,
         producer: args.producer,
         http_ceiling: args.http_ceiling,
@@ -356,6 +368,7 @@ fn ab(args: AbArgs) -> anyhow::Result<()> {
     let options = ab::AbOptions {
         cluster: harness::ClusterOptions {
             native: args.native,
+            placements: vec![args.placement],
             ..kraft_only(
                 args.common,
                 args.concurrency,
@@ -391,6 +404,7 @@ fn kraft_only(
     anyhow::ensure!(levels.len() == concurrency.len(), "--concurrency lists a level twice");
     Ok(harness::ClusterOptions {
         peers: false,
+        placements: vec![harness::Placement::Leader],
         native: false,
         producer: false,
         http_ceiling: false,

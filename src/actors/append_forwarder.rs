@@ -11,26 +11,26 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use actix::fut::wrap_future;
 use actix::prelude::*;
-use futures::future::ready;
-use tokio::sync::oneshot;
 use tracing::{debug, error};
 
 use crate::messages::actor::{RequestOutcome, SendRequest, TransportError};
-use crate::messages::{AppendRequest, AppendResponse, ErrorCode, RaftRequest, RaftResponse};
+use crate::messages::{AppendManyRequest, AppendRequest, AppendResponse, ErrorCode, RaftRequest, RaftResponse, Record};
 use crate::raft::NodeId;
-use crate::types::{AppendError, Appended};
+use crate::types::{AppendError, AppendReply, Appended};
 
-/// Most appends a follower has forwarded and not yet heard back about.
+/// Most client appends a follower has forwarded and not yet heard back
+/// about; more are answered Unavailable (nothing written).
 const MAX_FORWARDED_PENDING: usize = 10_000;
 
-/// Forward these records to the leader as `RaftRequest::Append`.
+/// Forward these client appends to the leader, as few `AppendMany`
+/// requests as their size allows; each append's outcome goes to its own
+/// reply once the leader answers.
 #[derive(Message, Debug)]
-#[rtype(result = "Result<Appended, AppendError>")]
-pub struct Forward {
+#[rtype(result = "()")]
+pub struct ForwardMany {
     pub leader_id: NodeId,
-    pub records: Vec<Vec<u8>>,
+    pub groups: Vec<(Vec<Vec<u8>>, AppendReply)>,
 }
 
 /// Fail everything pending and stop.
@@ -38,9 +38,11 @@ pub struct Forward {
 #[rtype(result = "()")]
 pub struct StopForwarder;
 
+/// One request in flight: the leader it went to and the replies of its
+/// groups, in order.
 struct PendingForward {
     leader_id: NodeId,
-    reply: oneshot::Sender<Result<Appended, AppendError>>,
+    replies: Vec<AppendReply>,
 }
 
 /// Sends a follower's local appends to the leader and relays the answer
@@ -51,17 +53,30 @@ pub struct AppendForwarder {
     /// How long the leader has to answer a forwarded append
     /// (`quorum.request_timeout_ms`); then its outcome is unknown.
     timeout_ms: u64,
+    /// Most record bytes (as a batch counts them) in one request: one
+    /// batch's worth (`log.max_batch_bytes`), so that a request fits any
+    /// frame a single append fits.
+    max_request_bytes: usize,
     pending: HashMap<u64, PendingForward>,
+    /// Client appends in `pending`.
+    pending_appends: usize,
     next_correlation_id: u64,
 }
 
 impl AppendForwarder {
-    pub fn new(requests: Recipient<SendRequest>, voters: BTreeMap<NodeId, String>, timeout_ms: u64) -> Self {
+    pub fn new(
+        requests: Recipient<SendRequest>,
+        voters: BTreeMap<NodeId, String>,
+        timeout_ms: u64,
+        max_request_bytes: usize,
+    ) -> Self {
         AppendForwarder {
             requests,
             voters,
             timeout_ms,
+            max_request_bytes,
             pending: HashMap::new(),
+            pending_appends: 0,
             next_correlation_id: 1,
         }
     }
@@ -74,44 +89,122 @@ impl AppendForwarder {
         }
     }
 
-    fn outcome(
-        &self,
-        leader_id: NodeId,
-        result: Result<RaftResponse, TransportError>,
-    ) -> Result<Appended, AppendError> {
-        match result {
-            Ok(RaftResponse::Append(AppendResponse::Committed {
+    /// One group's outcome from the leader's answer to it.
+    fn group_outcome(&self, response: AppendResponse) -> Result<Appended, AppendError> {
+        match response {
+            AppendResponse::Committed {
                 base_offset,
                 last_offset,
                 epoch,
-            })) => Ok(Appended {
+            } => Ok(Appended {
                 base_offset,
                 last_offset,
                 epoch,
             }),
-            Ok(RaftResponse::Append(AppendResponse::NotLeader { leader_id })) => Err(self.not_leader(leader_id)),
-            Ok(RaftResponse::Append(AppendResponse::OutcomeUnknown { reason })) => {
-                Err(AppendError::OutcomeUnknown(reason))
+            AppendResponse::NotLeader { leader_id } => Err(self.not_leader(leader_id)),
+            AppendResponse::OutcomeUnknown { reason } => Err(AppendError::OutcomeUnknown(reason)),
+            AppendResponse::Rejected { reason } => Err(AppendError::Rejected(reason)),
+            AppendResponse::Unavailable { reason } => Err(AppendError::Unavailable(reason)),
+        }
+    }
+
+    /// The outcome of every group of a request, from the leader's answer
+    /// or the transport's failure.
+    fn outcomes(
+        &self,
+        leader_id: NodeId,
+        groups: usize,
+        result: Result<RaftResponse, TransportError>,
+    ) -> Vec<Result<Appended, AppendError>> {
+        let all = |error: AppendError| vec![Err(error); groups];
+        match result {
+            Ok(RaftResponse::AppendMany(answers)) if answers.len() == groups => {
+                answers.into_iter().map(|a| self.group_outcome(a)).collect()
             }
-            Ok(RaftResponse::Append(AppendResponse::Rejected { reason })) => Err(AppendError::Rejected(reason)),
-            Ok(RaftResponse::Append(AppendResponse::Unavailable { reason })) => Err(AppendError::Unavailable(reason)),
             // Refused before it reached the leader's protocol: nothing written.
-            Ok(RaftResponse::Error(ErrorCode::BrokerNotAvailable)) => Err(self.not_leader(None)),
-            Ok(RaftResponse::Error(code)) => Err(AppendError::Rejected(format!(
+            Ok(RaftResponse::Error(ErrorCode::BrokerNotAvailable)) => all(self.not_leader(None)),
+            Ok(RaftResponse::Error(code)) => all(AppendError::Rejected(format!(
                 "node {leader_id} refused the append: {code:?}"
             ))),
-            Ok(other) => Err(AppendError::OutcomeUnknown(format!(
-                "unexpected answer from node {leader_id}: {other:?}"
+            // The leader took the request: what it did with it is not known.
+            Ok(other) => all(AppendError::OutcomeUnknown(format!(
+                "unexpected answer from node {leader_id}: {}",
+                describe(&other)
             ))),
             // Never connected: nothing was sent.
             Err(TransportError::Connect(..)) | Err(TransportError::UnknownNode(_)) => {
-                Err(self.not_leader(Some(leader_id)))
+                all(self.not_leader(Some(leader_id)))
             }
             // Sent, then lost: the records may or may not commit.
             Err(e @ TransportError::Disconnected(..)) | Err(e @ TransportError::Timeout(_)) => {
-                Err(AppendError::OutcomeUnknown(e.to_string()))
+                all(AppendError::OutcomeUnknown(e.to_string()))
             }
         }
+    }
+
+    /// Sends one request of `groups` (all for `leader_id`).
+    fn send(&mut self, leader_id: NodeId, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
+        let correlation_id = self.next_correlation_id;
+        self.next_correlation_id += 1;
+        let (records, replies): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
+        let groups = records
+            .into_iter()
+            .map(|records| AppendRequest {
+                records: records.into_iter().map(serde_bytes::ByteBuf::from).collect(),
+            })
+            .collect();
+        self.pending_appends += replies.len();
+        self.pending
+            .insert(correlation_id, PendingForward { leader_id, replies });
+        let request = SendRequest {
+            to: leader_id,
+            correlation_id,
+            request: RaftRequest::AppendMany(AppendManyRequest { groups }),
+            timeout_ms: self.timeout_ms,
+        };
+        if let Err(e) = self.requests.try_send(request) {
+            let request = match e {
+                SendError::Full(request) => request,
+                SendError::Closed(_) => {
+                    error!("the append forwarder's request manager is gone");
+                    let unavailable = Err(AppendError::Unavailable("the request manager stopped".into()));
+                    self.answer(correlation_id, |n| vec![unavailable; n]);
+                    return;
+                }
+            };
+            // A full mailbox: wait for room rather than fail the appends.
+            let sent = self.requests.send(request);
+            ctx.spawn(actix::fut::wrap_future::<_, Self>(sent).map(move |sent, act, _ctx| {
+                if sent.is_err() {
+                    error!("the append forwarder's request manager is gone");
+                    let unavailable = Err(AppendError::Unavailable("the request manager stopped".into()));
+                    act.answer(correlation_id, |n| vec![unavailable; n]);
+                }
+            }));
+        }
+    }
+
+    /// Answers the groups of request `correlation_id` (if still pending)
+    /// with `outcomes(number of groups)`.
+    fn answer(&mut self, correlation_id: u64, outcomes: impl FnOnce(usize) -> Vec<Result<Appended, AppendError>>) {
+        let Some(pending) = self.pending.remove(&correlation_id) else {
+            return;
+        };
+        let count = pending.replies.len();
+        self.pending_appends -= count;
+        for (reply, outcome) in pending.replies.into_iter().zip(outcomes(count)) {
+            // A closed reply: the client went away; the outcome stands.
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+/// The kind of an unexpected response, for an error message.
+fn describe(response: &RaftResponse) -> String {
+    match response {
+        RaftResponse::Append(a) => format!("Append({a:?})"),
+        RaftResponse::AppendMany(answers) => format!("AppendMany with {} answers", answers.len()),
+        other => format!("{other:?}").chars().take(200).collect(),
     }
 }
 
@@ -120,60 +213,43 @@ impl Actor for AppendForwarder {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         for (_, pending) in self.pending.drain() {
-            let _ = pending.reply.send(Err(AppendError::OutcomeUnknown(
-                "the node stopped before the leader answered".into(),
-            )));
+            for reply in pending.replies {
+                let _ = reply.send(Err(AppendError::OutcomeUnknown(
+                    "the node stopped before the leader answered".into(),
+                )));
+            }
         }
+        self.pending_appends = 0;
     }
 }
 
-impl Handler<Forward> for AppendForwarder {
-    type Result = ResponseFuture<Result<Appended, AppendError>>;
+impl Handler<ForwardMany> for AppendForwarder {
+    type Result = ();
 
-    fn handle(&mut self, msg: Forward, ctx: &mut Self::Context) -> Self::Result {
-        if self.pending.len() >= MAX_FORWARDED_PENDING {
-            let error = AppendError::Unavailable(format!(
-                "{} forwarded appends are already in flight",
-                self.pending.len()
-            ));
-            return Box::pin(ready(Err(error)));
+    /// Splits the appends into requests of at most `max_request_bytes`
+    /// (one append alone may fill one) and sends them, in order.
+    fn handle(&mut self, msg: ForwardMany, ctx: &mut Self::Context) {
+        let mut request = Vec::new();
+        let mut bytes = 0;
+        for (records, reply) in msg.groups {
+            if self.pending_appends + request.len() >= MAX_FORWARDED_PENDING {
+                let _ = reply.send(Err(AppendError::Unavailable(format!(
+                    "{} forwarded appends are already in flight",
+                    self.pending_appends + request.len()
+                ))));
+                continue;
+            }
+            let size: usize = records.iter().map(|r| Record::data_encoded_len(r.len())).sum();
+            if !request.is_empty() && bytes + size > self.max_request_bytes {
+                self.send(msg.leader_id, std::mem::take(&mut request), ctx);
+                bytes = 0;
+            }
+            bytes += size;
+            request.push((records, reply));
         }
-        let correlation_id = self.next_correlation_id;
-        self.next_correlation_id += 1;
-        let (reply, answer) = oneshot::channel();
-        self.pending.insert(
-            correlation_id,
-            PendingForward {
-                leader_id: msg.leader_id,
-                reply,
-            },
-        );
-        let records = msg.records.into_iter().map(serde_bytes::ByteBuf::from).collect();
-        let request = SendRequest {
-            to: msg.leader_id,
-            correlation_id,
-            request: RaftRequest::Append(AppendRequest { records }),
-            timeout_ms: self.timeout_ms,
-        };
-        ctx.spawn(
-            wrap_future::<_, Self>(self.requests.send(request)).map(move |sent, act, _ctx| {
-                if sent.is_err() {
-                    error!("the append forwarder's request manager is gone");
-                    if let Some(pending) = act.pending.remove(&correlation_id) {
-                        let _ = pending
-                            .reply
-                            .send(Err(AppendError::Unavailable("the request manager stopped".into())));
-                    }
-                }
-            }),
-        );
-        Box::pin(async move {
-            answer.await.unwrap_or_else(|_| {
-                Err(AppendError::OutcomeUnknown(
-                    "the node stopped before the leader answered".into(),
-                ))
-            })
-        })
+        if !request.is_empty() {
+            self.send(msg.leader_id, request, ctx);
+        }
     }
 }
 
@@ -181,15 +257,15 @@ impl Handler<RequestOutcome> for AppendForwarder {
     type Result = ();
 
     fn handle(&mut self, msg: RequestOutcome, _ctx: &mut Self::Context) {
-        let Some(pending) = self.pending.remove(&msg.correlation_id) else {
+        let Some(pending) = self.pending.get(&msg.correlation_id) else {
             debug!(
                 correlation_id = msg.correlation_id,
                 "answer to a forwarded append nobody waits for"
             );
             return;
         };
-        let outcome = self.outcome(pending.leader_id, msg.result);
-        let _ = pending.reply.send(outcome);
+        let outcomes = self.outcomes(pending.leader_id, pending.replies.len(), msg.result);
+        self.answer(msg.correlation_id, |_| outcomes);
     }
 }
 
@@ -198,5 +274,192 @@ impl Handler<StopForwarder> for AppendForwarder {
 
     fn handle(&mut self, _msg: StopForwarder, ctx: &mut Self::Context) {
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::*;
+
+    /// The forwarder's network: every request it sends lands in the test's
+    /// channel.
+    struct Wire(mpsc::UnboundedSender<SendRequest>);
+
+    impl Actor for Wire {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<SendRequest> for Wire {
+        type Result = ();
+
+        fn handle(&mut self, msg: SendRequest, _ctx: &mut Self::Context) {
+            let _ = self.0.send(msg);
+        }
+    }
+
+    const LEADER: NodeId = 1;
+
+    fn forwarder(max_request_bytes: usize) -> (Addr<AppendForwarder>, mpsc::UnboundedReceiver<SendRequest>) {
+        let (tx, sent) = mpsc::unbounded_channel();
+        let voters = [(LEADER, "127.0.0.1:9001".to_string())].into();
+        let forwarder = AppendForwarder::new(Wire(tx).start().recipient(), voters, 1_000, max_request_bytes).start();
+        (forwarder, sent)
+    }
+
+    /// `n` appends of one record of `bytes` bytes, and their answers.
+    fn appends(
+        n: usize,
+        bytes: usize,
+    ) -> (
+        Vec<(Vec<Vec<u8>>, AppendReply)>,
+        Vec<oneshot::Receiver<Result<Appended, AppendError>>>,
+    ) {
+        (0..n)
+            .map(|i| {
+                let (reply, answer) = oneshot::channel();
+                ((vec![vec![i as u8; bytes]], reply), answer)
+            })
+            .unzip()
+    }
+
+    fn groups_of(request: &SendRequest) -> Vec<usize> {
+        match &request.request {
+            RaftRequest::AppendMany(many) => many.groups.iter().map(|g| g.records.len()).collect(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    async fn answer(
+        forwarder: &Addr<AppendForwarder>,
+        request: &SendRequest,
+        result: Result<RaftResponse, TransportError>,
+    ) {
+        let outcome = RequestOutcome {
+            from: LEADER,
+            correlation_id: request.correlation_id,
+            result,
+        };
+        forwarder.send(outcome).await.unwrap();
+    }
+
+    #[actix_rt::test]
+    async fn appends_handed_over_together_go_in_one_request_split_only_by_size() {
+        // A 30-byte record counts 42 bytes in a batch: two fit in 100.
+        let (forwarder, mut sent) = forwarder(100);
+        let (groups, _answers) = appends(5, 30);
+        forwarder
+            .send(ForwardMany {
+                leader_id: LEADER,
+                groups,
+            })
+            .await
+            .unwrap();
+        let mut requests = Vec::new();
+        for _ in 0..3 {
+            let request = sent.recv().await.unwrap();
+            assert_eq!(request.to, LEADER);
+            requests.push(groups_of(&request));
+        }
+        assert_eq!(requests, [vec![1, 1], vec![1, 1], vec![1]]);
+        // One append larger than the bound still goes, alone.
+        let (groups, _answers) = appends(1, 500);
+        forwarder
+            .send(ForwardMany {
+                leader_id: LEADER,
+                groups,
+            })
+            .await
+            .unwrap();
+        assert_eq!(groups_of(&sent.recv().await.unwrap()), [1]);
+    }
+
+    #[actix_rt::test]
+    async fn each_append_gets_its_own_answer_and_a_request_lost_after_sending_leaves_all_unknown() {
+        let (forwarder, mut sent) = forwarder(1 << 20);
+        let (groups, answers) = appends(3, 10);
+        forwarder
+            .send(ForwardMany {
+                leader_id: LEADER,
+                groups,
+            })
+            .await
+            .unwrap();
+        let request = sent.recv().await.unwrap();
+        let committed = AppendResponse::Committed {
+            base_offset: 10,
+            last_offset: 10,
+            epoch: 2,
+        };
+        let answers_sent = vec![
+            committed,
+            AppendResponse::Rejected { reason: "no".into() },
+            AppendResponse::NotLeader { leader_id: Some(3) },
+        ];
+        answer(&forwarder, &request, Ok(RaftResponse::AppendMany(answers_sent))).await;
+        let mut outcomes = Vec::new();
+        for answer in answers {
+            outcomes.push(answer.await.unwrap());
+        }
+        assert_eq!(
+            outcomes[0],
+            Ok(Appended {
+                base_offset: 10,
+                last_offset: 10,
+                epoch: 2
+            })
+        );
+        assert!(
+            matches!(outcomes[1], Err(AppendError::Rejected(_))),
+            "{:?}",
+            outcomes[1]
+        );
+        assert!(
+            matches!(outcomes[2], Err(AppendError::NotLeader { leader_id: Some(3), .. })),
+            "{:?}",
+            outcomes[2]
+        );
+
+        // Lost after sending, or answered with the wrong number of
+        // answers: every append's outcome is unknown; never connected:
+        // nothing was written (NotLeader).
+        let lost = [
+            Err(TransportError::Timeout(LEADER)),
+            Ok(RaftResponse::AppendMany(vec![AppendResponse::Rejected {
+                reason: "one".into(),
+            }])),
+        ];
+        for result in lost {
+            let (groups, answers) = appends(2, 10);
+            forwarder
+                .send(ForwardMany {
+                    leader_id: LEADER,
+                    groups,
+                })
+                .await
+                .unwrap();
+            let request = sent.recv().await.unwrap();
+            answer(&forwarder, &request, result).await;
+            for answer in answers {
+                let outcome = answer.await.unwrap();
+                assert!(matches!(outcome, Err(AppendError::OutcomeUnknown(_))), "{outcome:?}");
+            }
+        }
+        let (groups, answers) = appends(2, 10);
+        forwarder
+            .send(ForwardMany {
+                leader_id: LEADER,
+                groups,
+            })
+            .await
+            .unwrap();
+        let request = sent.recv().await.unwrap();
+        let never = Err(TransportError::Connect(LEADER, "refused".into()));
+        answer(&forwarder, &request, never).await;
+        for answer in answers {
+            let outcome = answer.await.unwrap();
+            assert!(matches!(outcome, Err(AppendError::NotLeader { .. })), "{outcome:?}");
+        }
     }
 }

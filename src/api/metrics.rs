@@ -22,7 +22,7 @@ pub fn render(snapshot: &MetricsSnapshot) -> String {
     let s = snapshot;
     let mut out = String::with_capacity(2048);
     use Kind::{Counter, Gauge};
-    let metrics: [(&str, Kind, &str, f64); 19] = [
+    let metrics: [(&str, Kind, &str, f64); 21] = [
         (
             "kraft_raft_current_state",
             Gauge,
@@ -108,6 +108,18 @@ pub fn render(snapshot: &MetricsSnapshot) -> String {
             s.fetch_requests_total as f64,
         ),
         (
+            "kraft_raft_forwarded_requests_total",
+            Counter,
+            "forwarded-append requests received from followers and observers (each carries one or more clients' appends)",
+            s.forwarded_requests_total as f64,
+        ),
+        (
+            "kraft_raft_forwarded_appends_total",
+            Counter,
+            "clients' appends those forwarded requests carried",
+            s.forwarded_appends_total as f64,
+        ),
+        (
             "kraft_storage_flushes_total",
             Counter,
             "group flushes of the log (sled flush + fdatasync, covering every append before it); election-state writes, compaction and snapshot installs sync on their own and are not counted",
@@ -189,7 +201,7 @@ mod tests {
         assert!(text.contains("kraft_raft_commit_latency_avg_ms 1.5\n"));
         assert!(text.contains("# TYPE kraft_raft_append_records_total counter\n"));
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(samples.len(), 19);
+        assert_eq!(samples.len(), 21);
         for sample in samples {
             let name = sample.split(' ').next().unwrap();
             assert!(text.contains(&format!("# HELP {name} ")), "{name} has no HELP");

@@ -172,6 +172,16 @@ pub struct AppendRequest {
     pub records: Vec<serde_bytes::ByteBuf>,
 }
 
+/// Client writes a follower forwards together: each group is one client's
+/// append, with its own outcome. The leader proposes all of them at once,
+/// into the same accumulator (and so the same group commit) as its own
+/// clients' appends, and answers once every group has its outcome, in the
+/// order of the groups ([`RaftResponse::AppendMany`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppendManyRequest {
+    pub groups: Vec<AppendRequest>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AppendResponse {
     /// Committed at these offsets by the leader of `epoch`.
@@ -201,6 +211,8 @@ pub enum RaftRequest {
     FetchSnapshot(FetchSnapshotRequest),
     DescribeQuorum,
     Append(AppendRequest),
+    // New variants go last: bincode numbers them in order.
+    AppendMany(AppendManyRequest),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -215,6 +227,8 @@ pub enum RaftResponse {
     /// Sent in place of any response when the request was refused before it
     /// reached the protocol (wrong cluster id, undecodable body).
     Error(ErrorCode),
+    /// One outcome per group of an [`AppendManyRequest`], in its order.
+    AppendMany(Vec<AppendResponse>),
 }
 
 impl RaftRequest {
@@ -228,6 +242,7 @@ impl RaftRequest {
             RaftRequest::FetchSnapshot(_) => "FetchSnapshot",
             RaftRequest::DescribeQuorum => "DescribeQuorum",
             RaftRequest::Append(_) => "Append",
+            RaftRequest::AppendMany(_) => "AppendMany",
         }
     }
 }

@@ -448,6 +448,11 @@ impl Harness {
                 max_bytes: f.small as u32,
             }),
             _ if f.flag => RaftRequest::DescribeQuorum,
+            _ if f.other_flag => RaftRequest::AppendMany(AppendManyRequest {
+                groups: vec![AppendRequest {
+                    records: vec![serde_bytes::ByteBuf::from(vec![7u8; 3])],
+                }],
+            }),
             _ => RaftRequest::Append(AppendRequest {
                 records: vec![serde_bytes::ByteBuf::from(vec![7u8; 3])],
             }),
@@ -471,7 +476,7 @@ impl Harness {
     fn response(&self, variant: u8, f: &Fields, request: Option<&RaftRequest>) -> RaftResponse {
         let epoch = self.epoch(f.epoch, self.node.log().end_offset());
         let leader_id = self.leader(f.leader);
-        match variant % 8 {
+        match variant % 9 {
             0 => RaftResponse::Vote(VoteResponse {
                 error: f.error,
                 epoch,
@@ -514,6 +519,7 @@ impl Harness {
             }
             5 => RaftResponse::DescribeQuorum(self.node.describe(self.now)),
             6 => RaftResponse::Append(AppendResponse::NotLeader { leader_id }),
+            7 => RaftResponse::AppendMany(vec![AppendResponse::NotLeader { leader_id }]),
             _ => RaftResponse::Error(f.error),
         }
     }
@@ -593,6 +599,7 @@ impl Harness {
                     (true, RaftRequest::FetchSnapshot(_)) => 4,
                     (true, RaftRequest::DescribeQuorum) => 5,
                     (true, RaftRequest::Append(_)) => 6,
+                    (true, RaftRequest::AppendMany(_)) => 7,
                 };
                 let response = self.response(variant, fields, Some(&request));
                 let from = if *misdirected { fields.node } else { to };

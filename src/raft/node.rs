@@ -405,8 +405,8 @@ impl RaftNode {
                 self.respond(from, request_id, response);
             }
             RaftRequest::FetchSnapshot(req) => self.handle_fetch_snapshot_request(from, request_id, req),
-            // Append is answered by the shell, never by the protocol.
-            RaftRequest::Append(_) => {
+            // Appends are answered by the shell, never by the protocol.
+            RaftRequest::Append(_) | RaftRequest::AppendMany(_) => {
                 self.respond(from, request_id, RaftResponse::Error(ErrorCode::InvalidRequest));
             }
         }
@@ -437,7 +437,8 @@ impl RaftNode {
             RaftResponse::Error(_)
             | RaftResponse::DescribeQuorum(_)
             | RaftResponse::FetchSnapshot(_)
-            | RaftResponse::Append(_) => {
+            | RaftResponse::Append(_)
+            | RaftResponse::AppendMany(_) => {
                 self.note_request_failed(sent);
             }
         }

@@ -112,6 +112,10 @@ impl Trace {
                 self.tag(7);
                 self.u64(r.records.len() as u64);
             }
+            RaftRequest::AppendMany(r) => {
+                self.tag(8);
+                self.u64(r.groups.len() as u64);
+            }
         }
     }
 
@@ -155,6 +159,7 @@ impl Trace {
                 self.i64(r.high_watermark);
             }
             RaftResponse::Append(_) => self.tag(16),
+            RaftResponse::AppendMany(_) => self.tag(18),
             RaftResponse::Error(e) => {
                 self.tag(17);
                 self.tag(*e as u8);

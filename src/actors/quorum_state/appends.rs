@@ -3,7 +3,10 @@
 //! (`RaftNode::route_append`); an append a follower forwarded is proposed
 //! on the leader and answered at commit.
 
+use std::sync::{Arc, Mutex};
+
 use super::*;
+use crate::actors::append_forwarder::ForwardMany;
 
 impl QuorumState {
     /// Registers an accepted proposal with the purgatory.
@@ -61,10 +64,13 @@ impl QuorumState {
     /// Local appends, each with its own reply, proposed in order: on the
     /// leader all of them join the accumulator before it drains (one batch
     /// for a whole hand-over of HTTP requests); anywhere else each goes
-    /// where the engine routes it ([`RaftNode::route_append`]). A reply
-    /// dropped unanswered means the node stopped: the outcome is unknown.
+    /// where the engine routes it ([`RaftNode::route_append`]), and those
+    /// forwarded go to the leader together, as one `AppendMany` (or as few
+    /// as their size allows). A reply dropped unanswered means the node
+    /// stopped: the outcome is unknown.
     pub(super) fn propose_each(&mut self, now: u64, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
         let mut accepted = Vec::with_capacity(groups.len());
+        let mut forwarded: Option<ForwardMany> = None;
         for (records, reply) in groups {
             if let Err(e) = self.refuse_if_stopping() {
                 let _ = reply.send(Err(e));
@@ -74,9 +80,24 @@ impl QuorumState {
                 AppendRoute::Propose => {
                     accepted.push((records.into_iter().map(Record::Data).collect::<Vec<_>>(), reply))
                 }
-                AppendRoute::Forward(leader_id) => self.forward(leader_id, records, reply),
+                AppendRoute::Forward(leader_id) => {
+                    let batch = match forwarded.take() {
+                        Some(batch) if batch.leader_id == leader_id => forwarded.insert(batch),
+                        other => {
+                            other.map(|batch| self.forwarder.do_send(batch));
+                            forwarded.insert(ForwardMany {
+                                leader_id,
+                                groups: Vec::new(),
+                            })
+                        }
+                    };
+                    batch.groups.push((records, reply));
+                }
                 AppendRoute::Refuse(e) => drop(reply.send(Err(self.refusal(e)))),
             }
+        }
+        if let Some(batch) = forwarded {
+            self.forwarder.do_send(batch);
         }
         if accepted.is_empty() {
             return;
@@ -95,76 +116,121 @@ impl QuorumState {
         }
     }
 
-    /// A local append on a node that does not lead, relayed to the leader.
-    pub(super) fn forward(&mut self, leader_id: NodeId, records: Vec<Vec<u8>>, reply: AppendReply) {
-        let forwarded = self.forwarder.send(Forward { leader_id, records });
-        actix::spawn(async move {
-            let outcome = forwarded
-                .await
-                .unwrap_or_else(|_| Err(AppendError::Unavailable("the append forwarder stopped".into())));
-            // A closed reply: the client went away; the outcome stands.
-            let _ = reply.send(outcome);
-        });
-    }
-
-    /// A follower forwarded a client's append (`RaftRequest::Append`): not
-    /// for the engine. Proposed on the leader and answered at commit.
-    pub(super) fn handle_forwarded_append(
+    /// Appends a follower forwarded (`RaftRequest::AppendMany`, or one
+    /// `RaftRequest::Append` from an older follower): not for the engine.
+    /// Proposed here together, into the same accumulator as this node's
+    /// own clients' appends; `answer` gets one response per group, in
+    /// order, once every group has its outcome.
+    pub(super) fn handle_forwarded_appends(
         &mut self,
         now: u64,
-        request: AppendRequest,
-        reply: oneshot::Sender<RaftResponse>,
+        groups: Vec<AppendRequest>,
+        answer: impl FnOnce(Vec<AppendResponse>) + Send + 'static,
         ctx: &mut Context<Self>,
     ) {
-        let answer = |response: AppendResponse| RaftResponse::Append(response);
+        let count = groups.len();
+        self.metrics.forwarded_requests_total += 1;
+        self.metrics.forwarded_appends_total += count as u64;
         if let Err(e) = self.refuse_if_stopping() {
-            debug!("refusing a forwarded append: {e}");
-            let _ = reply.send(answer(AppendResponse::NotLeader { leader_id: None }));
-            return;
+            debug!("refusing forwarded appends: {e}");
+            return answer(vec![AppendResponse::NotLeader { leader_id: None }; count]);
         }
         // Before the role: a node whose disk is behind says so, leader or
         // not, so the follower that forwarded it answers Unavailable.
         if let Err(e) = self.node.admit() {
-            let _ = reply.send(answer(AppendResponse::Unavailable { reason: e.to_string() }));
-            return;
+            return answer(vec![AppendResponse::Unavailable { reason: e.to_string() }; count]);
         }
-        let records = request
-            .records
+        let proposals: Vec<Vec<Record>> = groups
             .into_iter()
-            .map(|bytes| Record::Data(bytes.into_vec()))
+            .map(|group| {
+                group
+                    .records
+                    .into_iter()
+                    .map(|bytes| Record::Data(bytes.into_vec()))
+                    .collect::<Vec<_>>()
+            })
             .collect();
-        match self.node.propose(now, records) {
-            Ok(proposed) => {
-                let complete = Box::new(move |result: Result<Appended, AppendError>| {
-                    let response = match result {
-                        Ok(a) => AppendResponse::Committed {
-                            base_offset: a.base_offset,
-                            last_offset: a.last_offset,
-                            epoch: a.epoch,
-                        },
-                        // The records were accepted: whatever went wrong
-                        // after that leaves their fate open.
-                        Err(AppendError::OutcomeUnknown(reason)) | Err(AppendError::Unavailable(reason)) => {
-                            AppendResponse::OutcomeUnknown { reason }
-                        }
-                        Err(AppendError::Rejected(reason)) => AppendResponse::Rejected { reason },
-                        Err(AppendError::NotLeader { leader_id, .. }) => AppendResponse::NotLeader { leader_id },
-                    };
-                    let _ = reply.send(answer(response));
-                });
-                if let Err(e) = self.register(proposed, complete) {
-                    self.fatal(ctx, e);
+        let outcomes = self.node.propose_many(now, proposals);
+        let gathered = Gathered::new(count, answer);
+        for (index, outcome) in outcomes.into_iter().enumerate() {
+            match outcome {
+                Ok(proposed) => {
+                    let gathered = gathered.clone();
+                    let complete = Box::new(move |result| Gathered::fill(&gathered, index, committed_answer(result)));
+                    if let Err(e) = self.register(proposed, complete) {
+                        return self.fatal(ctx, e);
+                    }
                 }
-            }
-            Err(ProposeError::NotLeader { leader_id, .. }) => {
-                let _ = reply.send(answer(AppendResponse::NotLeader { leader_id }));
-            }
-            Err(e @ (ProposeError::DiskBehind { .. } | ProposeError::CommitBehind { .. })) => {
-                let _ = reply.send(answer(AppendResponse::Unavailable { reason: e.to_string() }));
-            }
-            Err(e) => {
-                let _ = reply.send(answer(AppendResponse::Rejected { reason: e.to_string() }));
+                Err(e) => Gathered::fill(&gathered, index, refused_answer(e)),
             }
         }
+    }
+}
+
+/// The answers to one forwarded request as its groups get their outcomes;
+/// the last one sends them all.
+struct Gathered {
+    answers: Vec<Option<AppendResponse>>,
+    missing: usize,
+    answer: Option<Box<dyn FnOnce(Vec<AppendResponse>) + Send>>,
+}
+
+impl Gathered {
+    fn new(count: usize, answer: impl FnOnce(Vec<AppendResponse>) + Send + 'static) -> Arc<Mutex<Gathered>> {
+        let gathered = Arc::new(Mutex::new(Gathered {
+            answers: vec![None; count],
+            missing: count,
+            answer: Some(Box::new(answer)),
+        }));
+        if count == 0 {
+            Gathered::send_if_complete(&mut gathered.lock().expect("not poisoned"));
+        }
+        gathered
+    }
+
+    fn fill(gathered: &Mutex<Gathered>, index: usize, response: AppendResponse) {
+        let mut gathered = gathered.lock().expect("not poisoned");
+        if gathered.answers[index].replace(response).is_none() {
+            gathered.missing -= 1;
+        }
+        Gathered::send_if_complete(&mut gathered);
+    }
+
+    fn send_if_complete(gathered: &mut Gathered) {
+        if gathered.missing == 0 {
+            if let Some(answer) = gathered.answer.take() {
+                answer(gathered.answers.drain(..).flatten().collect());
+            }
+        }
+    }
+}
+
+/// A forwarded group's answer once its records were proposed: committed,
+/// or whatever left their fate open.
+fn committed_answer(result: Result<Appended, AppendError>) -> AppendResponse {
+    match result {
+        Ok(a) => AppendResponse::Committed {
+            base_offset: a.base_offset,
+            last_offset: a.last_offset,
+            epoch: a.epoch,
+        },
+        // The records were accepted: whatever went wrong after that leaves
+        // their fate open.
+        Err(AppendError::OutcomeUnknown(reason)) | Err(AppendError::Unavailable(reason)) => {
+            AppendResponse::OutcomeUnknown { reason }
+        }
+        Err(AppendError::Rejected(reason)) => AppendResponse::Rejected { reason },
+        Err(AppendError::NotLeader { leader_id, .. }) => AppendResponse::NotLeader { leader_id },
+    }
+}
+
+/// A forwarded group's answer when the engine refused it: nothing written.
+fn refused_answer(e: ProposeError) -> AppendResponse {
+    match e {
+        ProposeError::NotLeader { leader_id, .. } => AppendResponse::NotLeader { leader_id },
+        ProposeError::DiskBehind { .. } | ProposeError::CommitBehind { .. } => {
+            AppendResponse::Unavailable { reason: e.to_string() }
+        }
+        e => AppendResponse::Rejected { reason: e.to_string() },
     }
 }

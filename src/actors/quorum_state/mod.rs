@@ -49,7 +49,7 @@ use futures::future::{ready, BoxFuture, FutureExt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
-use crate::actors::append_forwarder::{AppendForwarder, Forward};
+use crate::actors::append_forwarder::AppendForwarder;
 use crate::actors::fetch_purgatory::{self, FetchPurgatory, HighWatermarkAdvanced, Register, RoleUpdate};
 use crate::actors::log_appender::{LogAppender, ReadResult, StorageEvent};
 use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, MetadataListeners};
@@ -697,7 +697,19 @@ impl Handler<InboundRequest> for QuorumState {
     fn handle(&mut self, msg: InboundRequest, ctx: &mut Self::Context) {
         let now = self.tick();
         match msg.request {
-            RaftRequest::Append(request) => self.handle_forwarded_append(now, request, msg.reply, ctx),
+            RaftRequest::AppendMany(request) => {
+                let reply = msg.reply;
+                let answer = move |answers| drop(reply.send(RaftResponse::AppendMany(answers)));
+                self.handle_forwarded_appends(now, request.groups, answer, ctx)
+            }
+            RaftRequest::Append(request) => {
+                let reply = msg.reply;
+                let answer = move |mut answers: Vec<AppendResponse>| {
+                    let answer = answers.pop().expect("one answer for one group");
+                    drop(reply.send(RaftResponse::Append(answer)))
+                };
+                self.handle_forwarded_appends(now, vec![request], answer, ctx)
+            }
             request => {
                 if self.inbound.len() >= MAX_INBOUND_PENDING {
                     warn!(
@@ -922,7 +934,13 @@ mod snapshot_fetch_tests {
                 appender: appender.clone(),
                 storage_events,
                 requests: wire.clone().recipient(),
-                forwarder: AppendForwarder::new(wire.clone().recipient(), voters, 2_000).start(),
+                forwarder: AppendForwarder::new(
+                    wire.clone().recipient(),
+                    voters,
+                    2_000,
+                    crate::messages::MAX_BATCH_BYTES,
+                )
+                .start(),
                 purgatory: FetchPurgatory::new().start(),
                 listeners: MetadataListeners::new(OBSERVER, appender.clone(), 0).start(),
                 snapshots: SnapshotPolicy::new(defaults.snapshot_settings(), Vec::new(), 0, 0),

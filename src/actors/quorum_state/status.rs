@@ -10,6 +10,8 @@ pub(super) struct Metrics {
     pub(super) fetch_records_total: Arc<AtomicU64>,
     elections_total: u64,
     pub(super) fetch_requests_total: u64,
+    pub(super) forwarded_requests_total: u64,
+    pub(super) forwarded_appends_total: u64,
     election_latency_sum_ms: f64,
     election_latency_max_ms: f64,
     /// Set while no leader is known.
@@ -93,6 +95,8 @@ impl QuorumState {
             },
             election_latency_max_ms: m.election_latency_max_ms,
             fetch_requests_total: m.fetch_requests_total,
+            forwarded_requests_total: m.forwarded_requests_total,
+            forwarded_appends_total: m.forwarded_appends_total,
             storage: self.appender.stats(),
             uptime_ms: now,
             ..MetricsSnapshot::default()
