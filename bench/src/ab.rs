@@ -284,6 +284,7 @@ mod tests {
                     server_cpu_cores: 0.0,
                     client_cpu_cores: 0.0,
                     error_samples: Default::default(),
+                    by_target: Vec::new(),
                 }),
                 error: ops.is_none().then(|| "failed".to_string()),
             },

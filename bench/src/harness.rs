@@ -125,10 +125,16 @@ impl Placement {
         }
     }
 
-    /// The member of each of `clients` clients.
-    fn targets<T: Clone>(self, clients: usize, leader: usize, members: &[T]) -> Vec<T> {
+    /// Each of `clients` clients with the member it uses and whether that
+    /// is the leader ("leader") or not ("followers"), for the split by
+    /// target.
+    fn labelled<T: Clone>(self, clients: usize, leader: usize, members: &[T]) -> Vec<(T, String)> {
         (0..clients)
-            .map(|i| members[self.member_for(i, leader, members.len())].clone())
+            .map(|i| {
+                let member = self.member_for(i, leader, members.len());
+                let label = if member == leader { "leader" } else { "followers" };
+                (members[member].clone(), label.to_string())
+            })
             .collect()
     }
 }
@@ -495,12 +501,12 @@ pub async fn measure_point(
                     placed(placement, concurrency, id - 1, &cluster.http)
                 ));
                 let clients = placement
-                    .targets(concurrency, id - 1, &cluster.http)
+                    .labelled(concurrency, id - 1, &cluster.http)
                     .into_iter()
                     .enumerate()
-                    .map(|(i, addr)| AppendClient::new(addr, i, values))
+                    .map(|(i, (addr, label))| (AppendClient::new(addr, i, values), label))
                     .collect();
-                Ok(load::run(clients, window, &cluster.pids()).await)
+                Ok(load::run_labelled(clients, window, &cluster.pids()).await)
             }
             System::KraftNative => {
                 let mut cluster = KraftCluster::start_native(&installed.kraft, root)?;
@@ -511,12 +517,12 @@ pub async fn measure_point(
                     placed(placement, concurrency, id - 1, &cluster.client)
                 ));
                 let clients = placement
-                    .targets(concurrency, id - 1, &cluster.client)
+                    .labelled(concurrency, id - 1, &cluster.client)
                     .into_iter()
                     .enumerate()
-                    .map(|(i, addr)| NativeAppendClient::new(addr, i, values))
+                    .map(|(i, (addr, label))| (NativeAppendClient::new(addr, i, values), label))
                     .collect();
-                Ok(load::run(clients, window, &cluster.pids()).await)
+                Ok(load::run_labelled(clients, window, &cluster.pids()).await)
             }
             System::KraftProducer => {
                 let mut cluster = KraftCluster::start_native(&installed.kraft, root)?;
@@ -544,10 +550,11 @@ pub async fn measure_point(
                     .map(|i| {
                         let member = placement.member_for(i, id - 1, producers.len());
                         let producer = producers[member].clone().expect("connected above");
-                        ProducerAppendClient::new(producer, i, values)
+                        let label = if member == id - 1 { "leader" } else { "followers" };
+                        (ProducerAppendClient::new(producer, i, values), label.to_string())
                     })
                     .collect();
-                Ok(load::run(clients, window, &cluster.pids()).await)
+                Ok(load::run_labelled(clients, window, &cluster.pids()).await)
             }
             System::Etcd => {
                 let bin = installed.etcd.as_ref().context("etcd not located")?;
@@ -563,14 +570,14 @@ pub async fn measure_point(
                     placed(placement, concurrency, index, &cluster.endpoints)
                 ));
                 let mut clients = Vec::with_capacity(concurrency);
-                for (i, endpoint) in placement
-                    .targets(concurrency, index, &cluster.endpoints)
-                    .iter()
+                for (i, (endpoint, label)) in placement
+                    .labelled(concurrency, index, &cluster.endpoints)
+                    .into_iter()
                     .enumerate()
                 {
-                    clients.push(PutClient::connect(endpoint, i, values).await?);
+                    clients.push((PutClient::connect(&endpoint, i, values).await?, label));
                 }
-                Ok(load::run(clients, window, &cluster.pids()).await)
+                Ok(load::run_labelled(clients, window, &cluster.pids()).await)
             }
             System::ZooKeeper => {
                 let installation = installed.zookeeper.as_ref().context("ZooKeeper not located")?;
@@ -587,14 +594,14 @@ pub async fn measure_point(
                 ));
                 zookeeper::create_znodes(addr, concurrency, values).await?;
                 let mut clients = Vec::with_capacity(concurrency);
-                for (i, addr) in placement
-                    .targets(concurrency, index, &ensemble.clients)
-                    .iter()
+                for (i, (addr, label)) in placement
+                    .labelled(concurrency, index, &ensemble.clients)
+                    .into_iter()
                     .enumerate()
                 {
-                    clients.push(SetDataClient::connect(*addr, i, values).await?);
+                    clients.push((SetDataClient::connect(addr, i, values).await?, label));
                 }
-                Ok(load::run(clients, window, &ensemble.pids()).await)
+                Ok(load::run_labelled(clients, window, &ensemble.pids()).await)
             }
             System::HttpStub => {
                 let mut stub = StubServer::start(root)?;
@@ -678,6 +685,12 @@ pub fn print_point(point: &PointRecord) {
             print_row(&label, point.concurrency, r, point.fdatasync_p50_ms_before);
             for (message, count) in &r.error_samples {
                 println!("{:>17} error x{count}: {message}", "");
+            }
+            for t in &r.by_target {
+                println!(
+                    "{:>17} clients on the {}: {} of them, {:.0} ops/s, p50 {:.3} ms, p99 {:.3} ms",
+                    "", t.target, t.clients, t.ops_per_sec, t.latency_ms.p50, t.latency_ms.p99
+                );
             }
         }
         (None, Some(e)) => println!(
@@ -862,6 +875,7 @@ mod tests {
                 server_cpu_cores: 0.0,
                 client_cpu_cores: 0.0,
                 error_samples: Default::default(),
+                by_target: Vec::new(),
             }),
             error: None,
         }
@@ -895,12 +909,20 @@ mod tests {
     #[test]
     fn placements_put_each_client_on_the_members_they_name() {
         let members = ["n1", "n2", "n3"];
-        let on = |placement: Placement, leader: usize| placement.targets(6, leader, &members);
+        let on = |placement: Placement, leader: usize| -> Vec<&str> {
+            placement.labelled(6, leader, &members).into_iter().map(|(m, _)| m).collect()
+        };
         assert_eq!(on(Placement::Leader, 1), ["n2"; 6]);
         assert_eq!(on(Placement::Followers, 1), ["n1", "n3", "n1", "n3", "n1", "n3"]);
         assert_eq!(on(Placement::Followers, 0), ["n2", "n3", "n2", "n3", "n2", "n3"]);
         assert_eq!(on(Placement::Followers, 2), ["n1", "n2", "n1", "n2", "n1", "n2"]);
         assert_eq!(on(Placement::Spread, 2), ["n1", "n2", "n3", "n1", "n2", "n3"]);
+        let labels: Vec<String> = Placement::Spread
+            .labelled(3, 2, &members)
+            .into_iter()
+            .map(|(_, label)| label)
+            .collect();
+        assert_eq!(labels, ["followers", "followers", "leader"]);
     }
 
     #[test]

@@ -55,6 +55,19 @@ pub struct LoadResult {
     pub client_cpu_cores: f64,
     /// A few distinct error messages with their counts.
     pub error_samples: BTreeMap<String, u64>,
+    /// The same window split by where the clients sent their requests
+    /// (e.g. "leader", "followers"), when they were labelled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_target: Vec<TargetResult>,
+}
+
+/// What the clients of one target saw in the window.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TargetResult {
+    pub target: String,
+    pub clients: usize,
+    pub ops_per_sec: f64,
+    pub latency_ms: Latency,
 }
 
 /// Latency percentiles of successful requests, in milliseconds.
@@ -101,6 +114,14 @@ struct Tally {
 /// Only requests that complete inside the window count. `server_pids` are
 /// the processes whose CPU use is reported (empty for an in-process server).
 pub async fn run<C: Client>(clients: Vec<C>, window: Window, server_pids: &[u32]) -> LoadResult {
+    let labelled = clients.into_iter().map(|c| (c, String::new())).collect();
+    run_labelled(labelled, window, server_pids).await
+}
+
+/// [`run`], with each client labelled by its target: the result also
+/// splits ops and latency by label (`by_target`, in label order), unless
+/// every label is the same.
+pub async fn run_labelled<C: Client>(clients: Vec<(C, String)>, window: Window, server_pids: &[u32]) -> LoadResult {
     let concurrency = clients.len();
     let start = Instant::now();
     let measure_from = start + window.warmup;
@@ -108,7 +129,7 @@ pub async fn run<C: Client>(clients: Vec<C>, window: Window, server_pids: &[u32]
 
     let tasks: Vec<_> = clients
         .into_iter()
-        .map(|client| tokio::spawn(drive(client, measure_from, measure_until)))
+        .map(|(client, label)| (label, tokio::spawn(drive(client, measure_from, measure_until))))
         .collect();
 
     tokio::time::sleep_until(measure_from).await;
@@ -127,10 +148,15 @@ pub async fn run<C: Client>(clients: Vec<C>, window: Window, server_pids: &[u32]
     let mut histogram = new_histogram();
     let (mut ops, mut records, mut errors) = (0, 0, 0);
     let mut error_samples: BTreeMap<String, u64> = BTreeMap::new();
-    for task in tasks {
+    let mut targets: BTreeMap<String, (usize, u64, Histogram<u64>)> = BTreeMap::new();
+    for (label, task) in tasks {
         match task.await {
             Ok(tally) => {
                 histogram.add(&tally.histogram).expect("same histogram bounds");
+                let target = targets.entry(label).or_insert_with(|| (0, 0, new_histogram()));
+                target.0 += 1;
+                target.1 += tally.ops;
+                target.2.add(&tally.histogram).expect("same histogram bounds");
                 ops += tally.ops;
                 records += tally.records;
                 errors += tally.errors;
@@ -149,6 +175,19 @@ pub async fn run<C: Client>(clients: Vec<C>, window: Window, server_pids: &[u32]
         }
     }
     let secs = window.measure.as_secs_f64();
+    let by_target = if targets.len() > 1 {
+        targets
+            .into_iter()
+            .map(|(target, (clients, ops, histogram))| TargetResult {
+                target,
+                clients,
+                ops_per_sec: ops as f64 / secs,
+                latency_ms: Latency::from_histogram(&histogram),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     LoadResult {
         concurrency,
         window_secs: secs,
@@ -161,6 +200,7 @@ pub async fn run<C: Client>(clients: Vec<C>, window: Window, server_pids: &[u32]
         server_cpu_cores: (cpu_end.0 - cpu_start.0) / wall,
         client_cpu_cores: (cpu_end.1 - cpu_start.1) / wall,
         error_samples,
+        by_target,
     }
 }
 
@@ -248,6 +288,25 @@ mod tests {
         assert_eq!(result.records, 2 * result.ops);
         assert!(result.ops > result.errors);
         assert_eq!(result.error_samples.get("every fourth fails"), Some(&result.errors));
+        assert!(result.by_target.is_empty(), "one target: no split");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn labelled_clients_are_also_counted_by_target() {
+        let window = Window {
+            warmup: Duration::from_millis(100),
+            measure: Duration::from_millis(1000),
+        };
+        let clients = vec![
+            (Flaky { n: 0 }, "leader".to_string()),
+            (Flaky { n: 0 }, "followers".to_string()),
+            (Flaky { n: 0 }, "followers".to_string()),
+        ];
+        let result = run_labelled(clients, window, &[]).await;
+        let split: Vec<_> = result.by_target.iter().map(|t| (t.target.as_str(), t.clients)).collect();
+        assert_eq!(split, [("followers", 2), ("leader", 1)]);
+        let sum: f64 = result.by_target.iter().map(|t| t.ops_per_sec).sum();
+        assert!((sum - result.ops_per_sec).abs() < 1e-6, "{result:?}");
     }
 
     #[test]
