@@ -28,7 +28,6 @@ use actix::{Actor, Addr, AsyncContext, Context, Recipient};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info, warn};
 
-use crate::actors::append_forwarder::{AppendForwarder, StopForwarder};
 use crate::actors::fetch_purgatory::{FetchPurgatory, GetCommitStats, StopPurgatory};
 use crate::actors::log_appender::{LogAppender, StorageEvent, StorageWorker};
 use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
@@ -210,8 +209,8 @@ pub struct CustomNode {
     /// the group is applied at once, its flush completes after this delay.
     pub flush_delay: Duration,
     /// Makes a sender of requests to the voters whose outcomes go to the
-    /// recipient given; called once for the QuorumState and once for the
-    /// append forwarder.
+    /// recipient given; called twice for the QuorumState: for its engine's
+    /// requests and for the appends it forwards.
     pub connect: Box<dyn Fn(Recipient<RequestOutcome>) -> Recipient<SendRequest>>,
     /// Seeds the engine's randomness (election timeouts).
     pub seed: u64,
@@ -324,17 +323,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
     // holds every one of them.
     let listeners = MetadataListeners::new(node_id, appender.clone(), 0).start();
     let requests = connect(quorum.clone().recipient());
-    let forwarder_voters = config.quorum.voters.clone();
-    let forward_timeout_ms = config.quorum.request_timeout_ms;
-    let forward_max_bytes = config.log.max_batch_bytes;
-    let forwarder = AppendForwarder::create(|ctx| {
-        AppendForwarder::new(
-            connect(ctx.address().recipient()),
-            forwarder_voters,
-            forward_timeout_ms,
-            forward_max_bytes,
-        )
-    });
+    let forward_requests = connect(quorum.clone().recipient());
 
     let (on_stopped, quorum_stopped) = oneshot::channel();
     let log_end = log.end_offset();
@@ -353,7 +342,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         appender: appender.clone(),
         storage_events: events_rx,
         requests,
-        forwarder: forwarder.clone(),
+        forward_requests,
         purgatory: purgatory.clone(),
         listeners: listeners.clone(),
         snapshots,
@@ -366,7 +355,6 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         node_id,
         quorum_stopped,
         server,
-        forwarder,
         purgatory: purgatory.clone(),
         listeners: listeners.clone(),
         appender,
@@ -507,7 +495,6 @@ struct Supervised {
     node_id: NodeId,
     quorum_stopped: oneshot::Receiver<StopReason>,
     server: Option<RaftServer>,
-    forwarder: Addr<AppendForwarder>,
     purgatory: Addr<FetchPurgatory>,
     listeners: Addr<MetadataListeners>,
     appender: LogAppender,
@@ -523,7 +510,6 @@ async fn supervise(parts: Supervised) {
         node_id,
         quorum_stopped,
         server,
-        forwarder,
         purgatory,
         listeners,
         appender,
@@ -540,7 +526,6 @@ async fn supervise(parts: Supervised) {
         server.shutdown();
     }
     // Mailbox errors below mean the actor is already gone: nothing to stop.
-    let _ = forwarder.send(StopForwarder).await;
     let reason_text = match &reason {
         StopReason::Shutdown => "the node is shutting down".to_string(),
         StopReason::Fatal(why) => format!("the node failed: {why}"),

@@ -1,7 +1,6 @@
 //! The I/O shell: one actor per file, each owning one piece of state and one
 //! kind of I/O (docs/ARCHITECTURE.md, "Actors and threads").
 
-pub mod append_forwarder;
 pub mod fetch_purgatory;
 pub mod log_appender;
 pub mod metadata_listeners;

@@ -6,7 +6,6 @@
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::actors::append_forwarder::ForwardMany;
 
 impl QuorumState {
     /// Registers an accepted proposal with the purgatory.
@@ -66,11 +65,12 @@ impl QuorumState {
     /// for a whole hand-over of HTTP requests); anywhere else each goes
     /// where the engine routes it ([`RaftNode::route_append`]), and those
     /// forwarded go to the leader together, as one `AppendMany` (or as few
-    /// as their size allows). A reply dropped unanswered means the node
-    /// stopped: the outcome is unknown.
+    /// as their size allows) handed straight to the request manager. A
+    /// reply dropped unanswered means the node stopped: the outcome is
+    /// unknown.
     pub(super) fn propose_each(&mut self, now: u64, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
         let mut accepted = Vec::with_capacity(groups.len());
-        let mut forwarded: Option<ForwardMany> = None;
+        let mut forwarded: Option<(NodeId, Vec<(Vec<Vec<u8>>, AppendReply)>)> = None;
         for (records, reply) in groups {
             if let Err(e) = self.refuse_if_stopping() {
                 let _ = reply.send(Err(e));
@@ -81,23 +81,22 @@ impl QuorumState {
                     accepted.push((records.into_iter().map(Record::Data).collect::<Vec<_>>(), reply))
                 }
                 AppendRoute::Forward(leader_id) => {
-                    let batch = match forwarded.take() {
-                        Some(batch) if batch.leader_id == leader_id => forwarded.insert(batch),
+                    let (_, batch) = match forwarded.take() {
+                        Some(batch) if batch.0 == leader_id => forwarded.insert(batch),
                         other => {
-                            other.map(|batch| self.forwarder.do_send(batch));
-                            forwarded.insert(ForwardMany {
-                                leader_id,
-                                groups: Vec::new(),
-                            })
+                            if let Some((to, batch)) = other {
+                                self.forwarding.forward(to, batch);
+                            }
+                            forwarded.insert((leader_id, Vec::new()))
                         }
                     };
-                    batch.groups.push((records, reply));
+                    batch.push((records, reply));
                 }
                 AppendRoute::Refuse(e) => drop(reply.send(Err(self.refusal(e)))),
             }
         }
-        if let Some(batch) = forwarded {
-            self.forwarder.do_send(batch);
+        if let Some((leader_id, batch)) = forwarded {
+            self.forwarding.forward(leader_id, batch);
         }
         if accepted.is_empty() {
             return;

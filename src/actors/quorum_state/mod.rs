@@ -49,7 +49,6 @@ use futures::future::{ready, BoxFuture, FutureExt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
-use crate::actors::append_forwarder::AppendForwarder;
 use crate::actors::fetch_purgatory::{self, FetchPurgatory, HighWatermarkAdvanced, Register, RoleUpdate};
 use crate::actors::log_appender::{LogAppender, ReadResult, StorageEvent};
 use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, MetadataListeners};
@@ -65,6 +64,7 @@ use crate::storage::StorageError;
 use crate::types::{AppendError, AppendReply, Appended, MetricsSnapshot, NodeError, QuorumStatus, ReplicaStatus};
 
 mod appends;
+mod forwarding;
 mod reads;
 mod snapshots;
 mod status;
@@ -187,7 +187,9 @@ pub struct QuorumPeers {
     pub appender: LogAppender,
     pub storage_events: mpsc::UnboundedReceiver<StorageEvent>,
     pub requests: Recipient<SendRequest>,
-    pub forwarder: Addr<AppendForwarder>,
+    /// Where forwarded appends go: a RequestManager of their own, whose
+    /// outcomes come back to this actor too.
+    pub forward_requests: Recipient<SendRequest>,
     pub purgatory: Addr<FetchPurgatory>,
     pub listeners: Addr<MetadataListeners>,
     /// When to snapshot and compact, seeded with the snapshots found.
@@ -237,7 +239,8 @@ pub struct QuorumState {
     appender: LogAppender,
     storage_events: Option<mpsc::UnboundedReceiver<StorageEvent>>,
     requests: Recipient<SendRequest>,
-    forwarder: Addr<AppendForwarder>,
+    /// This node's clients' appends forwarded to the leader.
+    forwarding: forwarding::Forwarding,
     purgatory: Addr<FetchPurgatory>,
     listeners: Addr<MetadataListeners>,
     /// Replies for the inbound requests handed to the engine, by request id.
@@ -283,13 +286,18 @@ impl QuorumState {
         QuorumState {
             node_id: config.node_id,
             cluster_id,
-            voters: config.voters,
+            voters: config.voters.clone(),
             node,
             started_at: Instant::now(),
             appender: peers.appender,
             storage_events: Some(peers.storage_events),
             requests: peers.requests,
-            forwarder: peers.forwarder,
+            forwarding: forwarding::Forwarding::new(
+                peers.forward_requests,
+                config.voters.clone(),
+                config.request_timeout_ms,
+                config.max_batch_bytes,
+            ),
             purgatory: peers.purgatory,
             listeners: peers.listeners,
             inbound: HashMap::new(),
@@ -635,6 +643,7 @@ impl Actor for QuorumState {
         for (_, reply) in self.inbound.drain() {
             let _ = reply.send(RaftResponse::Error(ErrorCode::BrokerNotAvailable));
         }
+        self.forwarding.stop();
         if !matches!(self.stop_reason, Some(StopReason::Fatal(_))) {
             self.maybe_pass_high_watermark_hint(true);
             // Whatever was written becomes durable before the thread stops
@@ -737,6 +746,9 @@ impl Handler<RequestOutcome> for QuorumState {
     type Result = ();
 
     fn handle(&mut self, msg: RequestOutcome, ctx: &mut Self::Context) {
+        if forwarding::Forwarding::owns(msg.correlation_id) {
+            return self.forwarding.on_outcome(msg);
+        }
         let now = self.tick();
         if let Some(shutdown) = &mut self.shutting_down {
             shutdown.on_outcome(msg.correlation_id);
@@ -934,13 +946,7 @@ mod snapshot_fetch_tests {
                 appender: appender.clone(),
                 storage_events,
                 requests: wire.clone().recipient(),
-                forwarder: AppendForwarder::new(
-                    wire.clone().recipient(),
-                    voters,
-                    2_000,
-                    crate::messages::MAX_BATCH_BYTES,
-                )
-                .start(),
+                forward_requests: wire.clone().recipient(),
                 purgatory: FetchPurgatory::new().start(),
                 listeners: MetadataListeners::new(OBSERVER, appender.clone(), 0).start(),
                 snapshots: SnapshotPolicy::new(defaults.snapshot_settings(), Vec::new(), 0, 0),

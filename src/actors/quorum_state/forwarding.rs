@@ -1,13 +1,16 @@
-//! AppendForwarder: sends a follower's local appends to the leader as
-//! `RaftRequest::Append` and relays the leader's answer (docs/ARCHITECTURE.md,
-//! "A commit's path").
+//! A follower's forwarded appends (docs/ARCHITECTURE.md, "A commit's
+//! path"): the appends of one hand-over that go to the leader leave as one
+//! `RaftRequest::AppendMany` (split only by one batch's size), sent by
+//! QuorumState straight to the RequestManager kept for them, and each
+//! append's outcome goes to its own reply when the leader answers.
 //!
-//! It has its *own* RequestManager: a forwarded append is answered only
-//! when its records commit, and if it shared the RequestManager of the
-//! protocol (one request in flight per destination) it could hold up this
-//! node's Fetch to the same leader, which the commit may itself be waiting
-//! for. A separate manager also keeps its correlation ids apart from the
-//! engine's.
+//! The requests go over a RequestManager of their own: a forwarded append
+//! is answered only when its records commit, and if it shared the
+//! RequestManager of the protocol (one request in flight per destination)
+//! it could hold up this node's Fetch to the same leader, which the commit
+//! may itself be waiting for. Their outcomes come back to QuorumState with
+//! the engine's; their correlation ids have [`FORWARDED`] set, which the
+//! engine's never do.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -19,24 +22,13 @@ use crate::messages::{AppendManyRequest, AppendRequest, AppendResponse, ErrorCod
 use crate::raft::NodeId;
 use crate::types::{AppendError, AppendReply, Appended};
 
-/// Most client appends a follower has forwarded and not yet heard back
-/// about; more are answered Unavailable (nothing written).
+/// Most client appends a node has forwarded and not yet heard back about;
+/// more are answered Unavailable (nothing written).
 const MAX_FORWARDED_PENDING: usize = 10_000;
 
-/// Forward these client appends to the leader, as few `AppendMany`
-/// requests as their size allows; each append's outcome goes to its own
-/// reply once the leader answers.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct ForwardMany {
-    pub leader_id: NodeId,
-    pub groups: Vec<(Vec<Vec<u8>>, AppendReply)>,
-}
-
-/// Fail everything pending and stop.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct StopForwarder;
+/// The bit set in the correlation id of every forwarded request (the
+/// engine numbers its own requests from 1 up and never reaches it).
+pub(crate) const FORWARDED: u64 = 1 << 63;
 
 /// One request in flight: the leader it went to and the replies of its
 /// groups, in order.
@@ -45,9 +37,8 @@ struct PendingForward {
     replies: Vec<AppendReply>,
 }
 
-/// Sends a follower's local appends to the leader and relays the answer
-/// (see the module doc for why it has a RequestManager of its own).
-pub struct AppendForwarder {
+/// The forwarded appends in flight and where their requests go.
+pub(crate) struct Forwarding {
     requests: Recipient<SendRequest>,
     voters: BTreeMap<NodeId, String>,
     /// How long the leader has to answer a forwarded append
@@ -63,21 +54,114 @@ pub struct AppendForwarder {
     next_correlation_id: u64,
 }
 
-impl AppendForwarder {
-    pub fn new(
+impl Forwarding {
+    pub(crate) fn new(
         requests: Recipient<SendRequest>,
         voters: BTreeMap<NodeId, String>,
         timeout_ms: u64,
         max_request_bytes: usize,
     ) -> Self {
-        AppendForwarder {
+        Forwarding {
             requests,
             voters,
             timeout_ms,
             max_request_bytes,
             pending: HashMap::new(),
             pending_appends: 0,
-            next_correlation_id: 1,
+            next_correlation_id: FORWARDED | 1,
+        }
+    }
+
+    /// Whether `correlation_id` is a forwarded request's.
+    pub(crate) fn owns(correlation_id: u64) -> bool {
+        correlation_id & FORWARDED != 0
+    }
+
+    /// Sends `groups` (all for `leader_id`) in requests of at most
+    /// `max_request_bytes` (one append alone may fill one), in order.
+    pub(crate) fn forward(&mut self, leader_id: NodeId, groups: Vec<(Vec<Vec<u8>>, AppendReply)>) {
+        let mut request = Vec::new();
+        let mut bytes = 0;
+        for (records, reply) in groups {
+            if self.pending_appends + request.len() >= MAX_FORWARDED_PENDING {
+                let _ = reply.send(Err(AppendError::Unavailable(format!(
+                    "{} forwarded appends are already in flight",
+                    self.pending_appends + request.len()
+                ))));
+                continue;
+            }
+            let size: usize = records.iter().map(|r| Record::data_encoded_len(r.len())).sum();
+            if !request.is_empty() && bytes + size > self.max_request_bytes {
+                self.send(leader_id, std::mem::take(&mut request));
+                bytes = 0;
+            }
+            bytes += size;
+            request.push((records, reply));
+        }
+        if !request.is_empty() {
+            self.send(leader_id, request);
+        }
+    }
+
+    /// Answers every append of the request the outcome is for.
+    pub(crate) fn on_outcome(&mut self, msg: RequestOutcome) {
+        let Some(pending) = self.pending.get(&msg.correlation_id) else {
+            debug!(
+                correlation_id = msg.correlation_id,
+                "answer to a forwarded append nobody waits for"
+            );
+            return;
+        };
+        let outcomes = self.outcomes(pending.leader_id, pending.replies.len(), msg.result);
+        self.answer(msg.correlation_id, |_| outcomes);
+    }
+
+    /// The node stops: every append still waiting hears its outcome is
+    /// unknown (the leader may still commit it).
+    pub(crate) fn stop(&mut self) {
+        for (_, pending) in self.pending.drain() {
+            for reply in pending.replies {
+                let _ = reply.send(Err(AppendError::OutcomeUnknown(
+                    "the node stopped before the leader answered".into(),
+                )));
+            }
+        }
+        self.pending_appends = 0;
+    }
+
+    /// Sends one request of `groups` (all for `leader_id`).
+    fn send(&mut self, leader_id: NodeId, groups: Vec<(Vec<Vec<u8>>, AppendReply)>) {
+        let correlation_id = self.next_correlation_id;
+        self.next_correlation_id += 1;
+        let (records, replies): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
+        let groups = records
+            .into_iter()
+            .map(|records| AppendRequest {
+                records: records.into_iter().map(serde_bytes::ByteBuf::from).collect(),
+            })
+            .collect();
+        self.pending_appends += replies.len();
+        self.pending
+            .insert(correlation_id, PendingForward { leader_id, replies });
+        let request = SendRequest {
+            to: leader_id,
+            correlation_id,
+            request: RaftRequest::AppendMany(AppendManyRequest { groups }),
+            timeout_ms: self.timeout_ms,
+        };
+        // Past a full mailbox: the request manager's queue is bounded by
+        // MAX_FORWARDED_PENDING appends, not by the mailbox.
+        let sent = match self.requests.try_send(request) {
+            Err(SendError::Full(request)) => {
+                self.requests.do_send(request);
+                Ok(())
+            }
+            other => other,
+        };
+        if sent.is_err() {
+            error!("the request manager of forwarded appends is gone");
+            let unavailable = Err(AppendError::Unavailable("the request manager stopped".into()));
+            self.answer(correlation_id, |n| vec![unavailable; n]);
         }
     }
 
@@ -142,48 +226,6 @@ impl AppendForwarder {
         }
     }
 
-    /// Sends one request of `groups` (all for `leader_id`).
-    fn send(&mut self, leader_id: NodeId, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
-        let correlation_id = self.next_correlation_id;
-        self.next_correlation_id += 1;
-        let (records, replies): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
-        let groups = records
-            .into_iter()
-            .map(|records| AppendRequest {
-                records: records.into_iter().map(serde_bytes::ByteBuf::from).collect(),
-            })
-            .collect();
-        self.pending_appends += replies.len();
-        self.pending
-            .insert(correlation_id, PendingForward { leader_id, replies });
-        let request = SendRequest {
-            to: leader_id,
-            correlation_id,
-            request: RaftRequest::AppendMany(AppendManyRequest { groups }),
-            timeout_ms: self.timeout_ms,
-        };
-        if let Err(e) = self.requests.try_send(request) {
-            let request = match e {
-                SendError::Full(request) => request,
-                SendError::Closed(_) => {
-                    error!("the append forwarder's request manager is gone");
-                    let unavailable = Err(AppendError::Unavailable("the request manager stopped".into()));
-                    self.answer(correlation_id, |n| vec![unavailable; n]);
-                    return;
-                }
-            };
-            // A full mailbox: wait for room rather than fail the appends.
-            let sent = self.requests.send(request);
-            ctx.spawn(actix::fut::wrap_future::<_, Self>(sent).map(move |sent, act, _ctx| {
-                if sent.is_err() {
-                    error!("the append forwarder's request manager is gone");
-                    let unavailable = Err(AppendError::Unavailable("the request manager stopped".into()));
-                    act.answer(correlation_id, |n| vec![unavailable; n]);
-                }
-            }));
-        }
-    }
-
     /// Answers the groups of request `correlation_id` (if still pending)
     /// with `outcomes(number of groups)`.
     fn answer(&mut self, correlation_id: u64, outcomes: impl FnOnce(usize) -> Vec<Result<Appended, AppendError>>) {
@@ -208,83 +250,13 @@ fn describe(response: &RaftResponse) -> String {
     }
 }
 
-impl Actor for AppendForwarder {
-    type Context = Context<Self>;
-
-    fn stopped(&mut self, _ctx: &mut Self::Context) {
-        for (_, pending) in self.pending.drain() {
-            for reply in pending.replies {
-                let _ = reply.send(Err(AppendError::OutcomeUnknown(
-                    "the node stopped before the leader answered".into(),
-                )));
-            }
-        }
-        self.pending_appends = 0;
-    }
-}
-
-impl Handler<ForwardMany> for AppendForwarder {
-    type Result = ();
-
-    /// Splits the appends into requests of at most `max_request_bytes`
-    /// (one append alone may fill one) and sends them, in order.
-    fn handle(&mut self, msg: ForwardMany, ctx: &mut Self::Context) {
-        let mut request = Vec::new();
-        let mut bytes = 0;
-        for (records, reply) in msg.groups {
-            if self.pending_appends + request.len() >= MAX_FORWARDED_PENDING {
-                let _ = reply.send(Err(AppendError::Unavailable(format!(
-                    "{} forwarded appends are already in flight",
-                    self.pending_appends + request.len()
-                ))));
-                continue;
-            }
-            let size: usize = records.iter().map(|r| Record::data_encoded_len(r.len())).sum();
-            if !request.is_empty() && bytes + size > self.max_request_bytes {
-                self.send(msg.leader_id, std::mem::take(&mut request), ctx);
-                bytes = 0;
-            }
-            bytes += size;
-            request.push((records, reply));
-        }
-        if !request.is_empty() {
-            self.send(msg.leader_id, request, ctx);
-        }
-    }
-}
-
-impl Handler<RequestOutcome> for AppendForwarder {
-    type Result = ();
-
-    fn handle(&mut self, msg: RequestOutcome, _ctx: &mut Self::Context) {
-        let Some(pending) = self.pending.get(&msg.correlation_id) else {
-            debug!(
-                correlation_id = msg.correlation_id,
-                "answer to a forwarded append nobody waits for"
-            );
-            return;
-        };
-        let outcomes = self.outcomes(pending.leader_id, pending.replies.len(), msg.result);
-        self.answer(msg.correlation_id, |_| outcomes);
-    }
-}
-
-impl Handler<StopForwarder> for AppendForwarder {
-    type Result = ();
-
-    fn handle(&mut self, _msg: StopForwarder, ctx: &mut Self::Context) {
-        ctx.stop();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use tokio::sync::{mpsc, oneshot};
 
     use super::*;
 
-    /// The forwarder's network: every request it sends lands in the test's
-    /// channel.
+    /// The request manager: every request sent lands in the test's channel.
     struct Wire(mpsc::UnboundedSender<SendRequest>);
 
     impl Actor for Wire {
@@ -301,11 +273,11 @@ mod tests {
 
     const LEADER: NodeId = 1;
 
-    fn forwarder(max_request_bytes: usize) -> (Addr<AppendForwarder>, mpsc::UnboundedReceiver<SendRequest>) {
+    fn forwarding(max_request_bytes: usize) -> (Forwarding, mpsc::UnboundedReceiver<SendRequest>) {
         let (tx, sent) = mpsc::unbounded_channel();
         let voters = [(LEADER, "127.0.0.1:9001".to_string())].into();
-        let forwarder = AppendForwarder::new(Wire(tx).start().recipient(), voters, 1_000, max_request_bytes).start();
-        (forwarder, sent)
+        let forwarding = Forwarding::new(Wire(tx).start().recipient(), voters, 1_000, max_request_bytes);
+        (forwarding, sent)
     }
 
     /// `n` appends of one record of `bytes` bytes, and their answers.
@@ -331,61 +303,40 @@ mod tests {
         }
     }
 
-    async fn answer(
-        forwarder: &Addr<AppendForwarder>,
-        request: &SendRequest,
-        result: Result<RaftResponse, TransportError>,
-    ) {
-        let outcome = RequestOutcome {
+    fn outcome(request: &SendRequest, result: Result<RaftResponse, TransportError>) -> RequestOutcome {
+        RequestOutcome {
             from: LEADER,
             correlation_id: request.correlation_id,
             result,
-        };
-        forwarder.send(outcome).await.unwrap();
+        }
     }
 
     #[actix_rt::test]
     async fn appends_handed_over_together_go_in_one_request_split_only_by_size() {
         // A 30-byte record counts 42 bytes in a batch: two fit in 100.
-        let (forwarder, mut sent) = forwarder(100);
+        let (mut forwarding, mut sent) = forwarding(100);
         let (groups, _answers) = appends(5, 30);
-        forwarder
-            .send(ForwardMany {
-                leader_id: LEADER,
-                groups,
-            })
-            .await
-            .unwrap();
+        forwarding.forward(LEADER, groups);
         let mut requests = Vec::new();
         for _ in 0..3 {
             let request = sent.recv().await.unwrap();
             assert_eq!(request.to, LEADER);
+            assert!(Forwarding::owns(request.correlation_id), "{request:?}");
             requests.push(groups_of(&request));
         }
         assert_eq!(requests, [vec![1, 1], vec![1, 1], vec![1]]);
         // One append larger than the bound still goes, alone.
         let (groups, _answers) = appends(1, 500);
-        forwarder
-            .send(ForwardMany {
-                leader_id: LEADER,
-                groups,
-            })
-            .await
-            .unwrap();
+        forwarding.forward(LEADER, groups);
         assert_eq!(groups_of(&sent.recv().await.unwrap()), [1]);
+        assert!(!Forwarding::owns(1), "the engine's ids are not forwarded ones");
     }
 
     #[actix_rt::test]
     async fn each_append_gets_its_own_answer_and_a_request_lost_after_sending_leaves_all_unknown() {
-        let (forwarder, mut sent) = forwarder(1 << 20);
+        let (mut forwarding, mut sent) = forwarding(1 << 20);
         let (groups, answers) = appends(3, 10);
-        forwarder
-            .send(ForwardMany {
-                leader_id: LEADER,
-                groups,
-            })
-            .await
-            .unwrap();
+        forwarding.forward(LEADER, groups);
         let request = sent.recv().await.unwrap();
         let committed = AppendResponse::Committed {
             base_offset: 10,
@@ -397,7 +348,7 @@ mod tests {
             AppendResponse::Rejected { reason: "no".into() },
             AppendResponse::NotLeader { leader_id: Some(3) },
         ];
-        answer(&forwarder, &request, Ok(RaftResponse::AppendMany(answers_sent))).await;
+        forwarding.on_outcome(outcome(&request, Ok(RaftResponse::AppendMany(answers_sent))));
         let mut outcomes = Vec::new();
         for answer in answers {
             outcomes.push(answer.await.unwrap());
@@ -422,8 +373,7 @@ mod tests {
         );
 
         // Lost after sending, or answered with the wrong number of
-        // answers: every append's outcome is unknown; never connected:
-        // nothing was written (NotLeader).
+        // answers: every append's outcome is unknown.
         let lost = [
             Err(TransportError::Timeout(LEADER)),
             Ok(RaftResponse::AppendMany(vec![AppendResponse::Rejected {
@@ -432,34 +382,33 @@ mod tests {
         ];
         for result in lost {
             let (groups, answers) = appends(2, 10);
-            forwarder
-                .send(ForwardMany {
-                    leader_id: LEADER,
-                    groups,
-                })
-                .await
-                .unwrap();
+            forwarding.forward(LEADER, groups);
             let request = sent.recv().await.unwrap();
-            answer(&forwarder, &request, result).await;
+            forwarding.on_outcome(outcome(&request, result));
             for answer in answers {
                 let outcome = answer.await.unwrap();
                 assert!(matches!(outcome, Err(AppendError::OutcomeUnknown(_))), "{outcome:?}");
             }
         }
+        // Never connected: nothing was written (NotLeader).
         let (groups, answers) = appends(2, 10);
-        forwarder
-            .send(ForwardMany {
-                leader_id: LEADER,
-                groups,
-            })
-            .await
-            .unwrap();
+        forwarding.forward(LEADER, groups);
         let request = sent.recv().await.unwrap();
-        let never = Err(TransportError::Connect(LEADER, "refused".into()));
-        answer(&forwarder, &request, never).await;
+        forwarding.on_outcome(outcome(
+            &request,
+            Err(TransportError::Connect(LEADER, "refused".into())),
+        ));
         for answer in answers {
             let outcome = answer.await.unwrap();
             assert!(matches!(outcome, Err(AppendError::NotLeader { .. })), "{outcome:?}");
+        }
+        // Stopping answers what still waits: outcome unknown.
+        let (groups, answers) = appends(1, 10);
+        forwarding.forward(LEADER, groups);
+        forwarding.stop();
+        for answer in answers {
+            let outcome = answer.await.unwrap();
+            assert!(matches!(outcome, Err(AppendError::OutcomeUnknown(_))), "{outcome:?}");
         }
     }
 }
