@@ -1267,7 +1267,9 @@ async fn the_leader_answers_each_forwarded_group_and_the_older_single_append() {
     init_tracing();
     let ports = free_ports(1);
     let dir = tempfile::tempdir().unwrap();
-    let config = single_node_config(&ports, dir.path(), false);
+    let mut config = single_node_config(&ports, dir.path(), false);
+    // No idle NoOp batch may land while the log's end is compared.
+    config.metadata.max_idle_interval_ms = 600_000;
     let cluster_id = config.node.cluster_id.clone();
     let node = node::start(config).await.expect("node starts");
     agreed_leader(&[Some(node.clone())], 0).await;
@@ -1328,6 +1330,19 @@ async fn the_leader_answers_each_forwarded_group_and_the_older_single_append() {
         ),
         other => panic!("{other:?}"),
     }
+    // More groups than any hand-over holds: refused whole, nothing written.
+    let too_many = vec![group(&["x"]); kraft::messages::MAX_APPEND_GROUPS + 1];
+    let end_before = node.describe().await.unwrap().log_end_offset;
+    ask(3, RaftRequest::AppendMany(AppendManyRequest { groups: too_many })).await;
+    let answer = tokio::time::timeout(WAIT, outcomes.recv()).await.unwrap().unwrap();
+    assert!(
+        matches!(
+            answer.result,
+            Ok(RaftResponse::Error(kraft::messages::ErrorCode::InvalidRequest))
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(node.describe().await.unwrap().log_end_offset, end_before);
     ask(2, RaftRequest::Append(group(&["e", "f"]))).await;
     let answer = tokio::time::timeout(WAIT, outcomes.recv()).await.unwrap().unwrap();
     match answer.result {

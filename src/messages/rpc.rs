@@ -172,6 +172,10 @@ pub struct AppendRequest {
     pub records: Vec<serde_bytes::ByteBuf>,
 }
 
+/// Most groups in one [`AppendManyRequest`] (a hand-over of the HTTP or
+/// client-protocol funnel holds at most as many).
+pub const MAX_APPEND_GROUPS: usize = 1024;
+
 /// Client writes a follower forwards together: each group is one client's
 /// append, with its own outcome. The leader proposes all of them at once,
 /// into the same accumulator (and so the same group commit) as its own
@@ -179,6 +183,8 @@ pub struct AppendRequest {
 /// order of the groups ([`RaftResponse::AppendMany`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AppendManyRequest {
+    /// At most [`MAX_APPEND_GROUPS`]; the leader refuses a request with
+    /// more (`InvalidRequest`) rather than answer each.
     pub groups: Vec<AppendRequest>,
 }
 

@@ -70,7 +70,8 @@ impl QuorumState {
     /// unknown.
     pub(super) fn propose_each(&mut self, now: u64, groups: Vec<(Vec<Vec<u8>>, AppendReply)>, ctx: &mut Context<Self>) {
         let mut accepted = Vec::with_capacity(groups.len());
-        let mut forwarded: Option<(NodeId, Vec<(Vec<Vec<u8>>, AppendReply)>)> = None;
+        let mut forwarded = Vec::new();
+        let mut forward_to = None;
         for (records, reply) in groups {
             if let Err(e) = self.refuse_if_stopping() {
                 let _ = reply.send(Err(e));
@@ -81,22 +82,16 @@ impl QuorumState {
                     accepted.push((records.into_iter().map(Record::Data).collect::<Vec<_>>(), reply))
                 }
                 AppendRoute::Forward(leader_id) => {
-                    let (_, batch) = match forwarded.take() {
-                        Some(batch) if batch.0 == leader_id => forwarded.insert(batch),
-                        other => {
-                            if let Some((to, batch)) = other {
-                                self.forwarding.forward(to, batch);
-                            }
-                            forwarded.insert((leader_id, Vec::new()))
-                        }
-                    };
-                    batch.push((records, reply));
+                    // Nothing in this loop changes the engine's view: one
+                    // leader for the whole hand-over.
+                    forward_to = Some(leader_id);
+                    forwarded.push((records, reply));
                 }
                 AppendRoute::Refuse(e) => drop(reply.send(Err(self.refusal(e)))),
             }
         }
-        if let Some((leader_id, batch)) = forwarded {
-            self.forwarding.forward(leader_id, batch);
+        if let Some(leader_id) = forward_to {
+            self.forwarding.forward(leader_id, forwarded);
         }
         if accepted.is_empty() {
             return;

@@ -18,7 +18,9 @@ use actix::prelude::*;
 use tracing::{debug, error};
 
 use crate::messages::actor::{RequestOutcome, SendRequest, TransportError};
-use crate::messages::{AppendManyRequest, AppendRequest, AppendResponse, ErrorCode, RaftRequest, RaftResponse, Record};
+use crate::messages::{
+    AppendManyRequest, AppendRequest, AppendResponse, ErrorCode, RaftRequest, RaftResponse, Record, MAX_APPEND_GROUPS,
+};
 use crate::raft::NodeId;
 use crate::types::{AppendError, AppendReply, Appended};
 
@@ -78,7 +80,8 @@ impl Forwarding {
     }
 
     /// Sends `groups` (all for `leader_id`) in requests of at most
-    /// `max_request_bytes` (one append alone may fill one), in order.
+    /// `max_request_bytes` (one append alone may fill one) and
+    /// [`MAX_APPEND_GROUPS`] appends, in order.
     pub(crate) fn forward(&mut self, leader_id: NodeId, groups: Vec<(Vec<Vec<u8>>, AppendReply)>) {
         let mut request = Vec::new();
         let mut bytes = 0;
@@ -91,7 +94,7 @@ impl Forwarding {
                 continue;
             }
             let size: usize = records.iter().map(|r| Record::data_encoded_len(r.len())).sum();
-            if !request.is_empty() && bytes + size > self.max_request_bytes {
+            if !request.is_empty() && (bytes + size > self.max_request_bytes || request.len() == MAX_APPEND_GROUPS) {
                 self.send(leader_id, std::mem::take(&mut request));
                 bytes = 0;
             }
@@ -254,22 +257,8 @@ fn describe(response: &RaftResponse) -> String {
 mod tests {
     use tokio::sync::{mpsc, oneshot};
 
+    use super::super::test_support::Wire;
     use super::*;
-
-    /// The request manager: every request sent lands in the test's channel.
-    struct Wire(mpsc::UnboundedSender<SendRequest>);
-
-    impl Actor for Wire {
-        type Context = Context<Self>;
-    }
-
-    impl Handler<SendRequest> for Wire {
-        type Result = ();
-
-        fn handle(&mut self, msg: SendRequest, _ctx: &mut Self::Context) {
-            let _ = self.0.send(msg);
-        }
-    }
 
     const LEADER: NodeId = 1;
 
@@ -329,6 +318,12 @@ mod tests {
         let (groups, _answers) = appends(1, 500);
         forwarding.forward(LEADER, groups);
         assert_eq!(groups_of(&sent.recv().await.unwrap()), [1]);
+        // However small, at most MAX_APPEND_GROUPS appends a request.
+        let (mut forwarding, mut sent) = self::forwarding(1 << 20);
+        let (groups, _answers) = appends(MAX_APPEND_GROUPS + 1, 1);
+        forwarding.forward(LEADER, groups);
+        assert_eq!(groups_of(&sent.recv().await.unwrap()).len(), MAX_APPEND_GROUPS);
+        assert_eq!(groups_of(&sent.recv().await.unwrap()).len(), 1);
         assert!(!Forwarding::owns(1), "the engine's ids are not forwarded ones");
     }
 

@@ -56,6 +56,7 @@ use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
 use crate::messages::records::{CommittedRecord, RecordPage};
 use crate::messages::{
     AppendRequest, AppendResponse, Batch, ErrorCode, FetchResponse, RaftRequest, RaftResponse, Record,
+    MAX_APPEND_GROUPS,
 };
 use crate::raft::snapshot_policy::SnapshotPolicy;
 use crate::raft::{Action, AppendRoute, NodeId, Offset, ProposeError, Proposed, RaftNode, RoleInfo, RoleKind};
@@ -706,6 +707,14 @@ impl Handler<InboundRequest> for QuorumState {
     fn handle(&mut self, msg: InboundRequest, ctx: &mut Self::Context) {
         let now = self.tick();
         match msg.request {
+            RaftRequest::AppendMany(request) if request.groups.len() > MAX_APPEND_GROUPS => {
+                warn!(
+                    from = msg.from,
+                    groups = request.groups.len(),
+                    "refusing an AppendMany of too many groups"
+                );
+                let _ = msg.reply.send(RaftResponse::Error(ErrorCode::InvalidRequest));
+            }
             RaftRequest::AppendMany(request) => {
                 let reply = msg.reply;
                 let answer = move |answers| drop(reply.send(RaftResponse::AppendMany(answers)));
@@ -849,6 +858,28 @@ impl Handler<Shutdown> for QuorumState {
     }
 }
 
+/// What the shell's tests share.
+#[cfg(test)]
+mod test_support {
+    use super::*;
+
+    /// A network for the test: every request sent lands in the test's
+    /// channel, for the test to answer as the peer.
+    pub(super) struct Wire(pub(super) mpsc::UnboundedSender<SendRequest>);
+
+    impl Actor for Wire {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<SendRequest> for Wire {
+        type Result = ();
+
+        fn handle(&mut self, msg: SendRequest, _ctx: &mut Self::Context) {
+            let _ = self.0.send(msg);
+        }
+    }
+}
+
 #[cfg(test)]
 mod snapshot_fetch_tests {
     //! The shell's side of fetching the leader's snapshot (KIP-630): a real
@@ -857,6 +888,7 @@ mod snapshot_fetch_tests {
 
     use std::path::Path;
 
+    use super::test_support::Wire;
     use super::*;
     use crate::actors::log_appender::tests::{store, FlushGate};
     use crate::config::Config;
@@ -872,22 +904,6 @@ mod snapshot_fetch_tests {
     /// How long the test waits for something that must happen before it
     /// calls it a hang (not a timing check).
     const LIVENESS_WAIT: Duration = Duration::from_secs(30);
-
-    /// The observer's network: every request it sends lands in the test's
-    /// channel, for the test to answer as the leader.
-    struct Wire(mpsc::UnboundedSender<SendRequest>);
-
-    impl Actor for Wire {
-        type Context = Context<Self>;
-    }
-
-    impl Handler<SendRequest> for Wire {
-        type Result = ();
-
-        fn handle(&mut self, msg: SendRequest, _ctx: &mut Self::Context) {
-            let _ = self.0.send(msg);
-        }
-    }
 
     /// Answered once every request posted to the wire before it is in the
     /// test's channel (a mailbox is FIFO).
