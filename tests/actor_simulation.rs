@@ -3,7 +3,7 @@
 //! (see `actor_sim/world.rs` for what is checked). The engine-level
 //! simulator (`tests/simulation.rs`) covers far more seeds and events; this
 //! one covers the shells: the storage task's group commit, the purgatory's
-//! completions, the listeners' reads, the forwarder, shutdown on a failed
+//! completions, the listeners' reads, forwarded appends, shutdown on a failed
 //! disk.
 //!
 //! Environment: `KRAFT_ACTOR_SIM_SEEDS=N` runs N seeds (default

@@ -1330,6 +1330,13 @@ async fn the_leader_answers_each_forwarded_group_and_the_older_single_append() {
         ),
         other => panic!("{other:?}"),
     }
+    // No groups: answered at once, with no answers.
+    ask(4, RaftRequest::AppendMany(AppendManyRequest { groups: vec![] })).await;
+    let answer = tokio::time::timeout(WAIT, outcomes.recv()).await.unwrap().unwrap();
+    assert!(
+        matches!(&answer.result, Ok(RaftResponse::AppendMany(a)) if a.is_empty()),
+        "{answer:?}"
+    );
     // More groups than any hand-over holds: refused whole, nothing written.
     let too_many = vec![group(&["x"]); kraft::messages::MAX_APPEND_GROUPS + 1];
     let end_before = node.describe().await.unwrap().log_end_offset;

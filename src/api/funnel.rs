@@ -26,7 +26,9 @@ use crate::node::{AppendError, Appended};
 use crate::types::AppendReply;
 
 /// Most appends handed over in one message; more wait for the next one.
-const MAX_GROUPS: usize = 1024;
+/// As many as one forwarded request carries, so a follower forwards a
+/// hand-over in one request.
+const MAX_GROUPS: usize = crate::messages::MAX_APPEND_GROUPS;
 
 pub(crate) struct AppendFunnel<N> {
     node: N,

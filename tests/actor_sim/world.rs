@@ -1,6 +1,6 @@
 //! One seed of the actor-level simulator: whole kraft nodes — the
-//! QuorumState, LogAppender, FetchPurgatory, MetadataListeners and append
-//! forwarder that `kraft::node::start` runs — started with
+//! QuorumState (with the appends it forwards), LogAppender, FetchPurgatory
+//! and MetadataListeners that `kraft::node::start` runs — started with
 //! `kraft::node::start_custom` over [`Disk`]s and the in-memory [`Net`], all
 //! on one thread with a paused tokio clock.
 //!

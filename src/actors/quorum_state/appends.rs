@@ -149,9 +149,15 @@ impl QuorumState {
         for (index, outcome) in outcomes.into_iter().enumerate() {
             match outcome {
                 Ok(proposed) => {
-                    let gathered = gathered.clone();
-                    let complete = Box::new(move |result| Gathered::fill(&gathered, index, committed_answer(result)));
+                    let watched = gathered.clone();
+                    let complete = Box::new(move |result| Gathered::fill(&watched, index, committed_answer(result)));
                     if let Err(e) = self.register(proposed, complete) {
+                        // This group and those after it were proposed but
+                        // will never be watched: their fate is open.
+                        for unwatched in index..count {
+                            let reason = format!("the node failed: {e}");
+                            Gathered::fill(&gathered, unwatched, AppendResponse::OutcomeUnknown { reason });
+                        }
                         return self.fatal(ctx, e);
                     }
                 }
@@ -182,9 +188,11 @@ impl Gathered {
         gathered
     }
 
+    /// Group `index`'s answer, unless it has one already.
     fn fill(gathered: &Mutex<Gathered>, index: usize, response: AppendResponse) {
         let mut gathered = gathered.lock().expect("not poisoned");
-        if gathered.answers[index].replace(response).is_none() {
+        if gathered.answers[index].is_none() {
+            gathered.answers[index] = Some(response);
             gathered.missing -= 1;
         }
         Gathered::send_if_complete(&mut gathered);

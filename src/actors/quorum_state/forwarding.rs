@@ -1,6 +1,7 @@
 //! A follower's forwarded appends (docs/ARCHITECTURE.md, "A commit's
 //! path"): the appends of one hand-over that go to the leader leave as one
-//! `RaftRequest::AppendMany` (split only by one batch's size), sent by
+//! `RaftRequest::AppendMany` (split only past one batch's size or
+//! `MAX_APPEND_GROUPS` appends), sent by
 //! QuorumState straight to the RequestManager kept for them, and each
 //! append's outcome goes to its own reply when the leader answers.
 //!
@@ -153,7 +154,10 @@ impl Forwarding {
             timeout_ms: self.timeout_ms,
         };
         // Past a full mailbox: the request manager's queue is bounded by
-        // MAX_FORWARDED_PENDING appends, not by the mailbox.
+        // MAX_FORWARDED_PENDING appends, not by the mailbox. (Should the
+        // manager close between the two sends, the request is lost with it;
+        // the manager closes only as the node stops, and `stop` answers
+        // every pending append.)
         let sent = match self.requests.try_send(request) {
             Err(SendError::Full(request)) => {
                 self.requests.do_send(request);
@@ -385,6 +389,25 @@ mod tests {
                 assert!(matches!(outcome, Err(AppendError::OutcomeUnknown(_))), "{outcome:?}");
             }
         }
+        // Refused before the leader's protocol saw it: nothing written.
+        let (groups, answers) = appends(2, 10);
+        forwarding.forward(LEADER, groups);
+        let request = sent.recv().await.unwrap();
+        forwarding.on_outcome(outcome(&request, Ok(RaftResponse::Error(ErrorCode::InvalidRequest))));
+        for answer in answers {
+            let outcome = answer.await.unwrap();
+            assert!(matches!(outcome, Err(AppendError::Rejected(_))), "{outcome:?}");
+        }
+        // Lost with its connection: unknown.
+        let (groups, answers) = appends(1, 10);
+        forwarding.forward(LEADER, groups);
+        let request = sent.recv().await.unwrap();
+        forwarding.on_outcome(outcome(
+            &request,
+            Err(TransportError::Disconnected(LEADER, "reset".into())),
+        ));
+        let lost = answers.into_iter().next().unwrap().await.unwrap();
+        assert!(matches!(lost, Err(AppendError::OutcomeUnknown(_))), "{lost:?}");
         // Never connected: nothing was written (NotLeader).
         let (groups, answers) = appends(2, 10);
         forwarding.forward(LEADER, groups);
@@ -405,5 +428,19 @@ mod tests {
             let outcome = answer.await.unwrap();
             assert!(matches!(outcome, Err(AppendError::OutcomeUnknown(_))), "{outcome:?}");
         }
+    }
+
+    #[actix_rt::test]
+    async fn past_the_bound_of_appends_in_flight_the_rest_are_refused_unwritten() {
+        let (mut forwarding, mut sent) = forwarding(1 << 30);
+        let (groups, mut answers) = appends(MAX_FORWARDED_PENDING + 1, 1);
+        forwarding.forward(LEADER, groups);
+        let refused = answers.pop().unwrap().await.unwrap();
+        assert!(matches!(refused, Err(AppendError::Unavailable(_))), "{refused:?}");
+        let mut carried = 0;
+        while carried < MAX_FORWARDED_PENDING {
+            carried += groups_of(&sent.recv().await.unwrap()).len();
+        }
+        assert_eq!(carried, MAX_FORWARDED_PENDING);
     }
 }

@@ -418,6 +418,10 @@ impl QuorumState {
                     request,
                     timeout_ms,
                 } => {
+                    debug_assert!(
+                        !forwarding::Forwarding::owns(correlation_id),
+                        "the engine's ids never reach the forwarded appends' bit"
+                    );
                     if let (Some(shutdown), RaftRequest::EndQuorumEpoch(_)) = (&mut self.shutting_down, &request) {
                         shutdown.on_send(correlation_id, to);
                     }
