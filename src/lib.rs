@@ -5,6 +5,7 @@ pub mod api;
 pub mod client;
 pub mod config;
 pub mod messages;
+pub mod metadata;
 pub mod node;
 pub mod raft;
 pub mod storage;
