@@ -1,7 +1,9 @@
 //! The metadata half of a KRaft quorum: the records of the metadata log
-//! (`records`) and the image of the cluster replayed from them (`image`).
+//! (`records`), the image of the cluster replayed from them (`image`),
+//! and where a new topic's replicas go (`placement`).
 //! Not yet wired into the node: nothing replays the log into an image
 //! yet, and no controller writes these records.
 
 pub mod image;
+pub mod placement;
 pub mod records;
