@@ -1,10 +1,11 @@
 //! The metadata half of a KRaft quorum: the records of the metadata log
 //! (`records`), the image of the cluster replayed from them (`image`),
-//! where a new topic's replicas go (`placement`) and which names a new
-//! topic may have (`topics`).
+//! where a new topic's replicas go (`placement`), which names a new topic
+//! may have (`topics`) and which topic configs may be set (`configs`).
 //! Not yet wired into the node: nothing replays the log into an image
 //! yet, and no controller writes these records.
 
+pub mod configs;
 pub mod image;
 pub mod placement;
 pub mod records;
