@@ -1,11 +1,13 @@
 //! The metadata half of a KRaft quorum: the records of the metadata log
 //! (`records`), the image of the cluster replayed from them (`image`),
 //! where a new topic's replicas go (`placement`), which names a new topic
-//! may have (`topics`) and which topic configs may be set (`configs`).
+//! may have (`topics`), which topic configs may be set (`configs`), and
+//! where brokers' heartbeats take them (`heartbeats`).
 //! Not yet wired into the node: nothing replays the log into an image
 //! yet, and no controller writes these records.
 
 pub mod configs;
+pub mod heartbeats;
 pub mod image;
 pub mod placement;
 pub mod records;
