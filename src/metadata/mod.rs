@@ -2,13 +2,15 @@
 //! (`records`), the image of the cluster replayed from them (`image`),
 //! where a new topic's replicas go (`placement`), which names a new topic
 //! may have (`topics`), which topic configs may be set (`configs`), and
-//! where brokers' heartbeats take them (`heartbeats`).
+//! where brokers' heartbeats take them (`heartbeats`) and who leads a
+//! partition, also when a broker is fenced (`partitions`).
 //! Not yet wired into the node: nothing replays the log into an image
 //! yet, and no controller writes these records.
 
 pub mod configs;
 pub mod heartbeats;
 pub mod image;
+pub mod partitions;
 pub mod placement;
 pub mod records;
 pub mod topics;
