@@ -105,7 +105,7 @@ impl Sessions {
         self.last_contact_ms
             .values()
             .min()
-            .map(|last| last + self.timeout_ms + 1)
+            .map(|last| last.saturating_add(self.timeout_ms).saturating_add(1))
     }
 }
 

@@ -132,7 +132,7 @@ impl QuorumState {
         // Before the role: a node whose disk is behind says so, leader or
         // not, so the follower that forwarded it answers Unavailable.
         if let Err(e) = self.node.admit() {
-            return answer(vec![AppendResponse::Unavailable { reason: e.to_string() }; count]);
+            return answer(vec![response_of(Err(self.refusal(e))); count]);
         }
         let proposals: Vec<Vec<Record>> = groups
             .into_iter()
@@ -161,7 +161,7 @@ impl QuorumState {
                         return self.fatal(ctx, e);
                     }
                 }
-                Err(e) => Gathered::fill(&gathered, index, refused_answer(e)),
+                Err(e) => Gathered::fill(&gathered, index, response_of(Err(self.refusal(e)))),
             }
         }
     }
@@ -207,32 +207,28 @@ impl Gathered {
     }
 }
 
-/// A forwarded group's answer once its records were proposed: committed,
-/// or whatever left their fate open.
+/// A forwarded group's answer once its records were proposed: as the
+/// outcome says, except that being unable to go on after the records were
+/// accepted leaves their fate open.
 fn committed_answer(result: Result<Appended, AppendError>) -> AppendResponse {
+    match result {
+        Err(AppendError::Unavailable(reason)) => AppendResponse::OutcomeUnknown { reason },
+        other => response_of(other),
+    }
+}
+
+/// An append's outcome as the forwarding follower hears it (its
+/// `Forwarding` turns it back into the same outcome).
+fn response_of(result: Result<Appended, AppendError>) -> AppendResponse {
     match result {
         Ok(a) => AppendResponse::Committed {
             base_offset: a.base_offset,
             last_offset: a.last_offset,
             epoch: a.epoch,
         },
-        // The records were accepted: whatever went wrong after that leaves
-        // their fate open.
-        Err(AppendError::OutcomeUnknown(reason)) | Err(AppendError::Unavailable(reason)) => {
-            AppendResponse::OutcomeUnknown { reason }
-        }
-        Err(AppendError::Rejected(reason)) => AppendResponse::Rejected { reason },
         Err(AppendError::NotLeader { leader_id, .. }) => AppendResponse::NotLeader { leader_id },
-    }
-}
-
-/// A forwarded group's answer when the engine refused it: nothing written.
-fn refused_answer(e: ProposeError) -> AppendResponse {
-    match e {
-        ProposeError::NotLeader { leader_id, .. } => AppendResponse::NotLeader { leader_id },
-        ProposeError::DiskBehind { .. } | ProposeError::CommitBehind { .. } => {
-            AppendResponse::Unavailable { reason: e.to_string() }
-        }
-        e => AppendResponse::Rejected { reason: e.to_string() },
+        Err(AppendError::Rejected(reason)) => AppendResponse::Rejected { reason },
+        Err(AppendError::Unavailable(reason)) => AppendResponse::Unavailable { reason },
+        Err(AppendError::OutcomeUnknown(reason)) => AppendResponse::OutcomeUnknown { reason },
     }
 }
