@@ -30,21 +30,60 @@ const MAX_RECORD_BYTES: u64 = 8 << 20;
 /// The frame before the body: apiKey and version.
 const HEADER_BYTES: usize = 4;
 
-/// One metadata record.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MetadataRecord {
-    RegisterBroker(RegisterBrokerRecord),
-    UnregisterBroker(UnregisterBrokerRecord),
-    Topic(TopicRecord),
-    Partition(PartitionRecord),
-    Config(ConfigRecord),
-    PartitionChange(PartitionChangeRecord),
-    FenceBroker(FenceBrokerRecord),
-    UnfenceBroker(UnfenceBrokerRecord),
-    RemoveTopic(RemoveTopicRecord),
-    FeatureLevel(FeatureLevelRecord),
-    BrokerRegistrationChange(BrokerRegistrationChangeRecord),
-    NoOp(NoOpRecord),
+/// The record types: each variant's name is Kafka's (without "Record"),
+/// then its apiKey and the newest version this build reads and writes.
+/// The enum, its apiKeys, its encoding and its decoding all come from this
+/// one list.
+macro_rules! metadata_records {
+    ($($variant:ident($record:ident) = $api_key:literal, version $version:literal;)*) => {
+        /// One metadata record.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum MetadataRecord {
+            $($variant($record),)*
+        }
+
+        /// Every record type this build knows: its name, apiKey and
+        /// newest version.
+        pub const RECORD_TYPES: &[(&str, u16, u16)] = &[$((stringify!($variant), $api_key, $version),)*];
+
+        impl MetadataRecord {
+            /// Kafka's apiKey of this record's type.
+            pub fn api_key(&self) -> u16 {
+                match self {
+                    $(MetadataRecord::$variant(_) => $api_key,)*
+                }
+            }
+
+            fn encode_body(&self) -> Vec<u8> {
+                match self {
+                    $(MetadataRecord::$variant(r) => encode(r),)*
+                }
+            }
+
+            /// The body as the type `frame` names (one this build knows).
+            fn decode_body(frame: &Frame, body: &[u8]) -> Result<MetadataRecord, RecordError> {
+                match frame.api_key {
+                    $($api_key => Ok(MetadataRecord::$variant(frame.read(body)?)),)*
+                    _ => unreachable!("frames are read only for known apiKeys"),
+                }
+            }
+        }
+    };
+}
+
+metadata_records! {
+    RegisterBroker(RegisterBrokerRecord) = 0, version 0;
+    UnregisterBroker(UnregisterBrokerRecord) = 1, version 0;
+    Topic(TopicRecord) = 2, version 0;
+    Partition(PartitionRecord) = 3, version 0;
+    Config(ConfigRecord) = 4, version 0;
+    PartitionChange(PartitionChangeRecord) = 5, version 0;
+    FenceBroker(FenceBrokerRecord) = 7, version 0;
+    UnfenceBroker(UnfenceBrokerRecord) = 8, version 0;
+    RemoveTopic(RemoveTopicRecord) = 9, version 0;
+    FeatureLevel(FeatureLevelRecord) = 12, version 0;
+    BrokerRegistrationChange(BrokerRegistrationChangeRecord) = 17, version 0;
+    NoOp(NoOpRecord) = 20, version 0;
 }
 
 /// A broker joins (or rejoins with a new incarnation). Its epoch is the
@@ -205,66 +244,19 @@ pub enum RecordError {
     },
 }
 
-/// Every record type this build knows: its name, apiKey and newest
-/// version.
-pub const RECORD_TYPES: [(&str, u16, u16); 12] = [
-    ("RegisterBroker", 0, 0),
-    ("UnregisterBroker", 1, 0),
-    ("Topic", 2, 0),
-    ("Partition", 3, 0),
-    ("Config", 4, 0),
-    ("PartitionChange", 5, 0),
-    ("FenceBroker", 7, 0),
-    ("UnfenceBroker", 8, 0),
-    ("RemoveTopic", 9, 0),
-    ("FeatureLevel", 12, 0),
-    ("BrokerRegistrationChange", 17, 0),
-    ("NoOp", 20, 0),
-];
-
 impl MetadataRecord {
-    /// Kafka's apiKey of this record's type.
-    pub fn api_key(&self) -> u16 {
-        match self {
-            MetadataRecord::RegisterBroker(_) => 0,
-            MetadataRecord::UnregisterBroker(_) => 1,
-            MetadataRecord::Topic(_) => 2,
-            MetadataRecord::Partition(_) => 3,
-            MetadataRecord::Config(_) => 4,
-            MetadataRecord::PartitionChange(_) => 5,
-            MetadataRecord::FenceBroker(_) => 7,
-            MetadataRecord::UnfenceBroker(_) => 8,
-            MetadataRecord::RemoveTopic(_) => 9,
-            MetadataRecord::FeatureLevel(_) => 12,
-            MetadataRecord::BrokerRegistrationChange(_) => 17,
-            MetadataRecord::NoOp(_) => 20,
-        }
-    }
-
     /// Kafka's name of this record's type (without "Record").
     pub fn name(&self) -> &'static str {
-        name_of(self.api_key()).expect("every variant is in RECORD_TYPES")
+        record_type(self.api_key()).expect("every variant is in RECORD_TYPES").0
     }
 
     /// The record as the bytes of one data record: apiKey, version, body.
     pub fn encode(&self) -> Vec<u8> {
-        let body = match self {
-            MetadataRecord::RegisterBroker(r) => encode(r),
-            MetadataRecord::UnregisterBroker(r) => encode(r),
-            MetadataRecord::Topic(r) => encode(r),
-            MetadataRecord::Partition(r) => encode(r),
-            MetadataRecord::Config(r) => encode(r),
-            MetadataRecord::PartitionChange(r) => encode(r),
-            MetadataRecord::FenceBroker(r) => encode(r),
-            MetadataRecord::UnfenceBroker(r) => encode(r),
-            MetadataRecord::RemoveTopic(r) => encode(r),
-            MetadataRecord::FeatureLevel(r) => encode(r),
-            MetadataRecord::BrokerRegistrationChange(r) => encode(r),
-            MetadataRecord::NoOp(r) => encode(r),
-        };
+        let body = self.encode_body();
         let mut bytes = Vec::with_capacity(HEADER_BYTES + body.len());
         bytes.extend_from_slice(&self.api_key().to_be_bytes());
-        bytes.extend_from_slice(&newest_version(self.api_key()).unwrap_or(0).to_be_bytes());
+        let (_, version) = record_type(self.api_key()).expect("every variant is in RECORD_TYPES");
+        bytes.extend_from_slice(&version.to_be_bytes());
         bytes.extend_from_slice(&body);
         bytes
     }
@@ -277,7 +269,7 @@ impl MetadataRecord {
         };
         let api_key = u16::from_be_bytes([key[0], key[1]]);
         let version = u16::from_be_bytes([version[0], version[1]]);
-        let (Some(name), Some(newest)) = (name_of(api_key), newest_version(api_key)) else {
+        let Some((name, newest)) = record_type(api_key) else {
             return Err(RecordError::UnknownApiKey { api_key, version });
         };
         if version > newest {
@@ -289,23 +281,7 @@ impl MetadataRecord {
             });
         }
         let frame = Frame { name, api_key, version };
-        let body = &bytes[HEADER_BYTES..];
-        let record = match api_key {
-            0 => MetadataRecord::RegisterBroker(frame.read(body)?),
-            1 => MetadataRecord::UnregisterBroker(frame.read(body)?),
-            2 => MetadataRecord::Topic(frame.read(body)?),
-            3 => MetadataRecord::Partition(frame.read(body)?),
-            4 => MetadataRecord::Config(frame.read(body)?),
-            5 => MetadataRecord::PartitionChange(frame.read(body)?),
-            7 => MetadataRecord::FenceBroker(frame.read(body)?),
-            8 => MetadataRecord::UnfenceBroker(frame.read(body)?),
-            9 => MetadataRecord::RemoveTopic(frame.read(body)?),
-            12 => MetadataRecord::FeatureLevel(frame.read(body)?),
-            17 => MetadataRecord::BrokerRegistrationChange(frame.read(body)?),
-            20 => MetadataRecord::NoOp(frame.read(body)?),
-            _ => unreachable!("name_of knows exactly these apiKeys"),
-        };
-        Ok(record)
+        MetadataRecord::decode_body(&frame, &bytes[HEADER_BYTES..])
     }
 }
 
@@ -328,18 +304,12 @@ impl Frame {
     }
 }
 
-fn name_of(api_key: u16) -> Option<&'static str> {
+/// The name and newest version of the record type with `api_key`.
+fn record_type(api_key: u16) -> Option<(&'static str, u16)> {
     RECORD_TYPES
         .iter()
         .find(|(_, key, _)| *key == api_key)
-        .map(|(name, _, _)| *name)
-}
-
-fn newest_version(api_key: u16) -> Option<u16> {
-    RECORD_TYPES
-        .iter()
-        .find(|(_, key, _)| *key == api_key)
-        .map(|(_, _, version)| *version)
+        .map(|(name, _, version)| (*name, *version))
 }
 
 #[cfg(test)]
