@@ -438,27 +438,48 @@ impl World {
         Some(candidates[self.rng.gen_range(0..candidates.len())])
     }
 
+    /// A client append of one record on a random running node; now and
+    /// then several appends handed over together (`append_each`), which a
+    /// follower forwards to the leader in one request and the leader
+    /// answers group by group.
     fn client_append(&mut self) {
         if self.client_in_flight.get() >= MAX_CLIENT_IN_FLIGHT {
             return;
         }
         let Some(index) = self.pick(true) else { return };
         let handle = self.nodes[index].up.as_ref().unwrap().handle.clone();
-        self.next_value += 1;
-        let value = format!("seed {} value {}", self.seed, self.next_value).into_bytes();
-        let checker = self.checker.clone();
-        let in_flight = self.client_in_flight.clone();
-        in_flight.set(in_flight.get() + 1);
-        actix_rt::spawn(async move {
-            let result = handle.append(vec![value.clone()]).await;
-            in_flight.set(in_flight.get() - 1);
-            let mut checker = checker.borrow_mut();
-            match result {
-                Ok(appended) => checker.on_acked(appended, value),
-                Err(AppendError::Rejected(why)) => checker.fail(format!("a valid append was rejected: {why}")),
-                Err(_) => checker.append_errors += 1,
-            }
-        });
+        let count = if self.rng.gen_range(0..4) == 0 {
+            self.rng.gen_range(2..=4)
+        } else {
+            1
+        };
+        let mut answers = Vec::new();
+        let mut groups = Vec::new();
+        for _ in 0..count {
+            self.next_value += 1;
+            let value = format!("seed {} value {}", self.seed, self.next_value).into_bytes();
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            groups.push((vec![value.clone()], reply));
+            answers.push((value, answer));
+        }
+        handle.append_each(groups);
+        for (value, answer) in answers {
+            let checker = self.checker.clone();
+            let in_flight = self.client_in_flight.clone();
+            in_flight.set(in_flight.get() + 1);
+            actix_rt::spawn(async move {
+                let result = answer
+                    .await
+                    .unwrap_or_else(|_| Err(AppendError::OutcomeUnknown("dropped".into())));
+                in_flight.set(in_flight.get() - 1);
+                let mut checker = checker.borrow_mut();
+                match result {
+                    Ok(appended) => checker.on_acked(appended, value),
+                    Err(AppendError::Rejected(why)) => checker.fail(format!("a valid append was rejected: {why}")),
+                    Err(_) => checker.append_errors += 1,
+                }
+            });
+        }
     }
 
     /// Kafka's snapshot invariants, on every node's disk after every step:
