@@ -55,6 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     node.register_listener(Listener {
         committed: printer.clone().recipient(),
         leader_changed: Some(printer.recipient()),
+        load_snapshot: None,
     })
     .await?;
 

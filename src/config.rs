@@ -51,6 +51,7 @@ pub mod defaults {
     pub const NODE_ID: i32 = 1;
     pub const DATA_DIR: &str = "./data/node-1";
     pub const CLUSTER_ID: &str = "kraft-local";
+    pub const STATE_MACHINE: super::StateMachineKind = super::StateMachineKind::Log;
     pub const RAFT_LISTENER: &str = "127.0.0.1:9093";
     pub const HTTP_LISTENER: &str = "127.0.0.1:8080";
     pub const MAX_FRAME_BYTES: u64 = 16 * 1024 * 1024;
@@ -146,6 +147,27 @@ pub enum NodeRole {
     Broker,
 }
 
+/// What a node replays its committed log into (`node.state_machine`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StateMachineKind {
+    /// The metadata image: the records are Kafka's metadata records, written
+    /// by the active controller; raw appends are refused.
+    Metadata,
+    /// A replicated, ordered log of raw records: every committed record is
+    /// kept, and snapshots hold the log's history.
+    Log,
+}
+
+impl StateMachineKind {
+    /// The name used in `node.state_machine`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateMachineKind::Metadata => "metadata",
+            StateMachineKind::Log => "log",
+        }
+    }
+}
+
 impl NodeRole {
     /// The name used in `node.roles`.
     pub fn as_str(self) -> &'static str {
@@ -165,6 +187,8 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Non-empty, `[A-Za-z0-9._-]`, at most 255 characters.
     pub cluster_id: String,
+    /// What the committed log is replayed into.
+    pub state_machine: StateMachineKind,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -232,6 +256,7 @@ impl Default for Config {
                 roles: vec![NodeRole::Controller],
                 data_dir: PathBuf::from(DATA_DIR),
                 cluster_id: CLUSTER_ID.to_string(),
+                state_machine: STATE_MACHINE,
             },
             listeners: ListenersConfig {
                 raft: RAFT_LISTENER
@@ -458,6 +483,7 @@ struct RawNode {
     roles: Option<Value>,
     data_dir: Option<Value>,
     cluster_id: Option<Value>,
+    state_machine: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -660,6 +686,7 @@ mod keys {
 }
 
 const NODE_ID_EXPECTED: &str = "a non-negative integer (node id)";
+const STATE_MACHINE_EXPECTED: &str = "\"metadata\" (the metadata image) or \"log\" (a replicated log of raw records)";
 const ROLES_EXPECTED: &str =
     "a non-empty list of distinct roles from \"controller\", \"broker\", e.g. [\"controller\"]";
 const DATA_DIR_EXPECTED: &str = "a non-empty path";
@@ -973,6 +1000,15 @@ impl Ctx<'_> {
             }
         };
 
+        let state_machine = match raw.node.state_machine {
+            None => STATE_MACHINE,
+            Some(v) => match self.string("node.state_machine", &v, STATE_MACHINE_EXPECTED)?.as_str() {
+                "metadata" => StateMachineKind::Metadata,
+                "log" => StateMachineKind::Log,
+                _ => return Err(self.invalid("node.state_machine", &v, STATE_MACHINE_EXPECTED)),
+            },
+        };
+
         // [listeners]
         let raft = self.socket_addr("listeners.raft", raw.listeners.raft, RAFT_LISTENER)?;
         let http = self.socket_addr("listeners.http", raw.listeners.http, HTTP_LISTENER)?;
@@ -1089,6 +1125,7 @@ impl Ctx<'_> {
                 roles,
                 data_dir,
                 cluster_id,
+                state_machine,
             },
             listeners: ListenersConfig {
                 raft,

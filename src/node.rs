@@ -28,6 +28,8 @@ use actix::{Actor, Addr, AsyncContext, Context, Recipient};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info, warn};
 
+pub use crate::actors::controller::{Answer, Operation};
+use crate::actors::controller::{Controller, Operate};
 use crate::actors::fetch_purgatory::{FetchPurgatory, GetCommitStats, StopPurgatory};
 use crate::actors::log_appender::{LogAppender, StorageEvent, StorageWorker};
 use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
@@ -37,12 +39,18 @@ use crate::actors::quorum_state::{
     StopReason,
 };
 use crate::actors::request_manager::RequestManager;
+pub use crate::actors::state_machine::StateMachine;
+use crate::actors::state_machine::StateMachineRunner;
 use crate::actors::transport::{self, RaftServer};
-use crate::config::Config;
+use crate::config::{Config, StateMachineKind};
 pub use crate::messages::actor::{Committed, LeaderChanged, Listener};
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
 pub use crate::messages::records::{CommittedRecord, LogEntry, LogPage, RecordPage};
 use crate::messages::SnapshotId;
+pub use crate::metadata::controller::ControllerError;
+pub use crate::metadata::image::MetadataImage;
+pub use crate::metadata::replay::MetadataUpdate;
+use crate::metadata::replay::{MetadataPublisher, MetadataStateMachine};
 use crate::raft::snapshot_policy::{HeldSnapshot, SnapshotPolicy};
 use crate::raft::{ElectionState, LogView, NodeId, Offset, RaftConfig, RaftNode};
 use crate::storage::AppenderStore;
@@ -85,6 +93,10 @@ struct HandleInner {
     quorum: Addr<QuorumState>,
     purgatory: Addr<FetchPurgatory>,
     listeners: Addr<MetadataListeners>,
+    /// The images of a node in `"metadata"` mode.
+    metadata: Option<MetadataPublisher>,
+    /// The controller of a voter in `"metadata"` mode.
+    controller: Option<Addr<Controller>>,
     /// Becomes true once every actor, the raft listener and the storage
     /// thread have stopped.
     stopped: watch::Receiver<bool>,
@@ -95,6 +107,21 @@ struct HandleInner {
 /// listener (`listeners.raft`; port 0 picks a free port, see
 /// [`NodeHandle::raft_addr`]) and starts the actors on the current arbiter.
 pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
+    start_node(config, None).await
+}
+
+/// [`start`] with a state machine of the embedder's own in place of the
+/// one `node.state_machine` names: it is applied the committed records
+/// and its snapshots are what the node's snapshot files hold (see
+/// [`StateMachine`]). Appends are raw records, as in `"log"` mode.
+pub async fn start_with_state_machine(
+    config: Config,
+    machine: Box<dyn StateMachine>,
+) -> Result<NodeHandle, StartError> {
+    start_node(config, Some(machine)).await
+}
+
+async fn start_node(config: Config, machine: Option<Box<dyn StateMachine>>) -> Result<NodeHandle, StartError> {
     config.check()?;
     let node_id = config.node.id;
     let cluster_id = config.node.cluster_id.clone();
@@ -184,6 +211,7 @@ pub async fn start(config: Config) -> Result<NodeHandle, StartError> {
         raft_addr,
         connect: &connect,
         seed: rand::random(),
+        machine,
     });
     info!(node_id, %raft_addr, "node started");
     Ok(handle)
@@ -257,6 +285,7 @@ pub fn start_custom(custom: CustomNode) -> Result<(NodeHandle, Recipient<Inbound
         raft_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
         connect: &*connect,
         seed,
+        machine: None,
     });
     Ok((handle, inbound))
 }
@@ -277,6 +306,8 @@ struct Launch<'a> {
     raft_addr: SocketAddr,
     connect: &'a dyn Fn(Recipient<RequestOutcome>) -> Recipient<SendRequest>,
     seed: u64,
+    /// An embedder's own state machine, in place of `node.state_machine`'s.
+    machine: Option<Box<dyn StateMachine>>,
 }
 
 /// The engine as the store left it: its newest snapshot restored, and what
@@ -312,22 +343,57 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         raft_addr,
         connect,
         seed,
+        machine,
     } = parts;
     let node_id = config.node.id;
     let cluster_id = config.node.cluster_id.clone();
     let quorum = quorum_ctx.address();
 
     let purgatory = FetchPurgatory::new().start();
-    // Listeners start at offset 0 even when the log starts later: the
-    // records below the log start are read from the newest snapshot, which
-    // holds every one of them.
-    let listeners = MetadataListeners::new(node_id, appender.clone(), 0).start();
+    // The state machine the snapshots hold, if any; with none they hold
+    // the log's records, and listeners read below the log start from them.
+    let metadata =
+        (machine.is_none() && config.node.state_machine == StateMachineKind::Metadata).then(MetadataPublisher::new);
+    let machine = match (machine, &metadata) {
+        (Some(machine), _) => Some(machine),
+        (None, Some(publisher)) => {
+            Some(Box::new(MetadataStateMachine::new(publisher.clone())) as Box<dyn StateMachine>)
+        }
+        (None, None) => None,
+    };
+    let newest = held.first().map(|(id, _)| *id);
+    if machine.is_some() {
+        // Before anything can read: nothing below the log start is a record.
+        if let Err(e) = appender.snapshots_hold_state() {
+            error!(node_id, "cannot reach the storage thread: {e}");
+        }
+    }
+    let listeners =
+        MetadataListeners::new(node_id, appender.clone(), log.start_offset(), machine.is_some(), newest).start();
+    let state_machine = machine.map(|machine| {
+        let runner = StateMachineRunner::new(machine).start();
+        listeners.do_send(RegisterListener(Listener {
+            committed: runner.clone().recipient(),
+            leader_changed: Some(runner.clone().recipient()),
+            load_snapshot: Some(runner.clone().recipient()),
+        }));
+        runner.recipient()
+    });
+    // The controller runs on every voter of a metadata quorum and acts
+    // while its node leads.
+    let controller = match &metadata {
+        Some(publisher) if config.is_controller() => {
+            let controller = Controller::new(node_id, quorum.clone(), config.broker.session_timeout_ms).start();
+            publisher.subscribe_with_leadership(controller.clone().recipient(), controller.clone().recipient());
+            Some(controller)
+        }
+        _ => None,
+    };
     let requests = connect(quorum.clone().recipient());
     let forward_requests = connect(quorum.clone().recipient());
 
     let (on_stopped, quorum_stopped) = oneshot::channel();
     let log_end = log.end_offset();
-    let newest = held.first().map(|(id, _)| *id);
     let engine = recovered_engine(config.raft_config(), election, log, newest, committed, seed);
     let held = held
         .into_iter()
@@ -346,6 +412,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         purgatory: purgatory.clone(),
         listeners: listeners.clone(),
         snapshots,
+        state_machine,
         on_stopped,
     };
     quorum_ctx.run(QuorumState::new(cluster_id, engine, peers));
@@ -368,6 +435,8 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
             quorum,
             purgatory,
             listeners,
+            metadata,
+            controller,
             stopped,
         }),
     }
@@ -548,6 +617,9 @@ impl NodeHandle {
     /// are committed (the high watermark passed them). On a follower the
     /// batch is forwarded to the leader and its answer relayed.
     pub async fn append(&self, records: Vec<Vec<u8>>) -> Result<Appended, AppendError> {
+        if self.inner.metadata.is_some() {
+            return Err(raw_appends_unsupported());
+        }
         match self.inner.quorum.send(Propose { records }).await {
             Ok(result) => result,
             // The message was never handled: nothing was proposed.
@@ -562,6 +634,12 @@ impl NodeHandle {
     /// answered [`AppendError::Unavailable`]; a reply dropped unanswered
     /// means the node stopped after taking them: the outcome is unknown.
     pub fn append_each(&self, groups: Vec<(Vec<Vec<u8>>, AppendReply)>) {
+        if self.inner.metadata.is_some() {
+            for (_, reply) in groups {
+                let _ = reply.send(Err(raw_appends_unsupported()));
+            }
+            return;
+        }
         self.inner.quorum.do_send(ProposeMany { groups });
     }
 
@@ -596,6 +674,48 @@ impl NodeHandle {
             .send(RegisterListener(listener))
             .await
             .map_err(unavailable)?
+    }
+
+    /// The newest metadata image this node replayed (its `offset` is the
+    /// last offset it reflects); None unless `node.state_machine` is
+    /// `"metadata"`.
+    pub fn metadata_image(&self) -> Option<MetadataImage> {
+        self.inner.metadata.as_ref().map(MetadataPublisher::image)
+    }
+
+    /// Subscribes to the metadata images: the newest at once, then each
+    /// new one in order, with what changed ([`MetadataUpdate`]). Err unless
+    /// `node.state_machine` is `"metadata"`.
+    pub fn subscribe_metadata(&self, recipient: Recipient<MetadataUpdate>) -> Result<(), NodeError> {
+        match &self.inner.metadata {
+            Some(publisher) => {
+                publisher.subscribe(recipient);
+                Ok(())
+            }
+            None => Err(NodeError::Unsupported(
+                "this node keeps no metadata image (node.state_machine is not \"metadata\")".to_string(),
+            )),
+        }
+    }
+
+    /// Runs a controller operation: on the active controller it resolves
+    /// once the operation's records are committed; elsewhere it is
+    /// NOT_CONTROLLER naming the leader this node knows.
+    pub async fn operate(&self, operation: Operation) -> Result<Answer, ControllerError> {
+        let Some(controller) = &self.inner.controller else {
+            let leader_id = self.describe().await.ok().and_then(|s| s.leader_id);
+            return Err(ControllerError::NotController {
+                leader_id,
+                message: match self.inner.metadata {
+                    Some(_) => "this node is not a controller".to_string(),
+                    None => "this node keeps no metadata (node.state_machine is not \"metadata\")".to_string(),
+                },
+            });
+        };
+        match controller.send(Operate(operation)).await {
+            Ok(result) => result,
+            Err(e) => Err(ControllerError::Unavailable(format!("the node is stopped ({e})"))),
+        }
     }
 
     /// Writes a snapshot now at the committed (and locally flushed) end of
@@ -640,6 +760,13 @@ impl NodeHandle {
         // An error means the supervisor is gone (the System is stopping).
         let _ = stopped.wait_for(|stopped| *stopped).await;
     }
+}
+
+fn raw_appends_unsupported() -> AppendError {
+    AppendError::Unsupported(
+        "this node's log holds metadata records, written by its controller; raw appends need node.state_machine = \"log\""
+            .to_string(),
+    )
 }
 
 fn unavailable(e: actix::MailboxError) -> NodeError {

@@ -47,6 +47,11 @@ pub enum AppendError {
     /// The node is shutting down or has failed.
     #[error("node unavailable: {0}")]
     Unavailable(String),
+    /// The node takes no raw records: its log holds metadata records,
+    /// which only its controller writes (`node.state_machine =
+    /// "metadata"`). Nothing was written.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
 }
 
 /// Where one append's outcome goes.
@@ -71,13 +76,20 @@ pub enum NodeError {
     /// layer's error, as its text (this leaf module cannot name it).
     #[error("node unavailable: {0}")]
     Storage(String),
+    /// This node does not do that in its mode (`node.state_machine`).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
 }
 
 impl NodeError {
     /// What went wrong, without the "node unavailable" prefix.
     pub fn reason(&self) -> &str {
         match self {
-            NodeError::Stopped(r) | NodeError::Busy(r) | NodeError::NotReady(r) | NodeError::Storage(r) => r,
+            NodeError::Stopped(r)
+            | NodeError::Busy(r)
+            | NodeError::NotReady(r)
+            | NodeError::Storage(r)
+            | NodeError::Unsupported(r) => r,
         }
     }
 }

@@ -169,6 +169,7 @@ async fn register_collector(node: &NodeHandle) -> Seen {
     node.register_listener(Listener {
         committed: collector.clone().recipient(),
         leader_changed: Some(collector.recipient()),
+        load_snapshot: None,
     })
     .await
     .expect("listener registered");

@@ -34,14 +34,14 @@ use std::time::Duration;
 use crossbeam_channel::{Sender, TrySendError};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::messages::{Batch, SnapshotId};
+use crate::messages::{Batch, Record, SnapshotId};
 use crate::raft::{ElectionState, NodeId, Offset};
 use crate::storage::chunk_server::{ChunkRead, ChunkServer, CHUNK_READER_IDLE};
 use crate::storage::queue::{command_queue, try_send_bounded};
 use crate::storage::snapshot::SnapshotMeta;
 use crate::storage::storage_thread::{Command, StorageCounters, StorageThread};
 use crate::storage::{AppenderStore, StorageError};
-pub use crate::storage::{ReadResult, SnapshotChunk, StorageEvent, StorageStats};
+pub use crate::storage::{ReadResult, SnapshotChunk, StateRecords, StorageEvent, StorageStats};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AppenderError {
@@ -323,6 +323,35 @@ impl LogAppender {
     ) -> Result<oneshot::Receiver<Result<SnapshotMeta, StorageError>>, AppenderError> {
         let (reply, rx) = oneshot::channel();
         self.push(Command::InstallSnapshot { id, reply })?;
+        Ok(rx)
+    }
+
+    /// Tells the storage thread that the snapshots hold a state machine's
+    /// state: from then on a read below the log start is refused.
+    pub fn snapshots_hold_state(&self) -> Result<(), AppenderError> {
+        self.push(Command::SnapshotsHoldState)
+    }
+
+    /// Writes the snapshot `id` from a state machine's `records`, produced
+    /// on the thread that writes the file.
+    pub fn write_state_snapshot(
+        &self,
+        id: SnapshotId,
+        records: StateRecords,
+    ) -> Result<oneshot::Receiver<Result<SnapshotMeta, StorageError>>, AppenderError> {
+        let (reply, rx) = oneshot::channel();
+        self.push(Command::WriteStateSnapshot { id, records, reply })?;
+        Ok(rx)
+    }
+
+    /// Every data record of the local snapshot `id`: a state machine's
+    /// state, to load.
+    pub fn read_state_snapshot(
+        &self,
+        id: SnapshotId,
+    ) -> Result<oneshot::Receiver<Result<Vec<Record>, StorageError>>, AppenderError> {
+        let (reply, rx) = oneshot::channel();
+        self.push(Command::ReadStateSnapshot { id, reply })?;
         Ok(rx)
     }
 

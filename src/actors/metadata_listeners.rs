@@ -41,8 +41,9 @@ use std::time::Duration;
 use tracing::{debug, error, warn};
 
 use crate::actors::log_appender::{AppenderError, LogAppender};
-use crate::messages::actor::{Committed, LeaderChanged, Listener};
+use crate::messages::actor::{Committed, LeaderChanged, Listener, LoadSnapshot};
 use crate::messages::records::CommittedRecord;
+use crate::messages::SnapshotId;
 use crate::raft::announce::{leader_change_in_stream, leader_change_on_role, Leadership};
 use crate::raft::{Epoch, NodeId, Offset, RoleInfo};
 use crate::types::NodeError;
@@ -73,6 +74,15 @@ pub struct CommittedUpTo(pub Offset);
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct ListenersRoleUpdate(pub RoleInfo);
+
+/// Where the log starts and which snapshot is the newest, when either
+/// changed (a snapshot written or installed, a compaction).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct LogBounds {
+    pub log_start: Offset,
+    pub latest_snapshot: Option<SnapshotId>,
+}
 
 /// Stop delivering and stop the actor (node shutdown).
 #[derive(Message, Debug, Clone, Copy)]
@@ -131,6 +141,11 @@ pub struct MetadataListeners {
     node_id: NodeId,
     appender: LogAppender,
     log_start: Offset,
+    /// The snapshots hold a state machine's state, not the log's records:
+    /// nothing below the log start can be read, and a listener that takes
+    /// snapshots loads the newest one instead.
+    hold_state: bool,
+    latest_snapshot: Option<SnapshotId>,
     high_watermark: Offset,
     role: Option<RoleInfo>,
     listeners: HashMap<u64, ListenerState>,
@@ -138,11 +153,24 @@ pub struct MetadataListeners {
 }
 
 impl MetadataListeners {
-    pub fn new(node_id: NodeId, appender: LogAppender, log_start: Offset) -> Self {
+    /// Listeners start at offset 0. On a node whose snapshots hold the
+    /// log's records (`hold_state` false) the records below the log start
+    /// are read from the newest snapshot, which holds every one of them;
+    /// otherwise a listener that takes snapshots loads the newest one, and
+    /// any other starts at the log start.
+    pub fn new(
+        node_id: NodeId,
+        appender: LogAppender,
+        log_start: Offset,
+        hold_state: bool,
+        latest_snapshot: Option<SnapshotId>,
+    ) -> Self {
         MetadataListeners {
             node_id,
             appender,
             log_start,
+            hold_state,
+            latest_snapshot,
             high_watermark: log_start,
             role: None,
             listeners: HashMap::new(),
@@ -181,6 +209,25 @@ impl MetadataListeners {
             }));
             return;
         }
+        if self.hold_state {
+            let newer = self.latest_snapshot.filter(|s| state.cursor < s.end_offset);
+            match (&state.listener.load_snapshot, newer) {
+                (Some(recipient), Some(snapshot)) => {
+                    let recipient = recipient.clone();
+                    return self.load_snapshot(id, snapshot, recipient, ctx);
+                }
+                _ if state.cursor < self.log_start => {
+                    debug!(
+                        listener = id,
+                        from = state.cursor,
+                        to = self.log_start,
+                        "nothing below the log start to deliver"
+                    );
+                    state.cursor = self.log_start;
+                }
+                _ => {}
+            }
+        }
         if state.cursor >= high_watermark {
             return;
         }
@@ -218,6 +265,56 @@ impl MetadataListeners {
                 state.stalled = true;
             }
         }
+    }
+
+    /// Reads the snapshot `snapshot` and hands its state to listener `id`,
+    /// whose cursor then stands at the snapshot's end.
+    fn load_snapshot(
+        &mut self,
+        id: u64,
+        snapshot: SnapshotId,
+        recipient: Recipient<LoadSnapshot>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(state) = self.listeners.get_mut(&id) else {
+            return;
+        };
+        let read = match self.appender.read_state_snapshot(snapshot) {
+            Ok(read) => read,
+            Err(AppenderError::Overloaded(_)) => {
+                return self.retry_later(
+                    id,
+                    format!("the storage thread is busy; snapshot {snapshot:?} not read"),
+                    ctx,
+                )
+            }
+            Err(e) => {
+                warn!(listener = id, "cannot read snapshot {snapshot:?}: {e}");
+                state.stalled = true;
+                return;
+            }
+        };
+        state.busy = true;
+        ctx.spawn(read.into_actor(self).map(move |result, act, ctx| match result {
+            Ok(Ok(records)) => {
+                let message = LoadSnapshot {
+                    id: snapshot,
+                    records: std::sync::Arc::new(records),
+                };
+                ctx.spawn(recipient.send(message).into_actor(act).map(move |result, act, ctx| {
+                    act.on_sent(id, result.is_ok(), ctx, |state| {
+                        state.cursor = state.cursor.max(snapshot.end_offset);
+                    });
+                }));
+            }
+            Ok(Err(e)) => act.retry_later(id, format!("reading snapshot {snapshot:?} failed: {e}"), ctx),
+            Err(_) => {
+                if let Some(state) = act.listeners.get_mut(&id) {
+                    state.busy = false;
+                    state.stalled = true;
+                }
+            }
+        }));
     }
 
     /// Delivery to listener `id` could not go on for now: warn, and pump it
@@ -371,7 +468,7 @@ impl Handler<RegisterListener> for MetadataListeners {
             id,
             ListenerState {
                 listener: msg.0,
-                cursor: self.log_start,
+                cursor: 0,
                 busy: false,
                 last_leader: None,
                 pending_leader: None,
@@ -379,7 +476,7 @@ impl Handler<RegisterListener> for MetadataListeners {
                 stalled: false,
             },
         );
-        debug!(listener = id, from = self.log_start, "listener registered");
+        debug!(listener = id, "listener registered");
         if let Some(change) = self.remote_leader() {
             self.queue_leader_change(id, change);
         }
@@ -417,6 +514,16 @@ impl Handler<ListenersRoleUpdate> for MetadataListeners {
                 state.pending_leader = None;
             }
         }
+        self.pump_all(ctx);
+    }
+}
+
+impl Handler<LogBounds> for MetadataListeners {
+    type Result = ();
+
+    fn handle(&mut self, msg: LogBounds, ctx: &mut Self::Context) {
+        self.log_start = msg.log_start;
+        self.latest_snapshot = msg.latest_snapshot;
         self.pump_all(ctx);
     }
 }

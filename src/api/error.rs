@@ -13,7 +13,7 @@ use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 
 use crate::messages::client::ClientError;
-use crate::node::{AppendError, NodeError};
+use crate::node::{AppendError, ControllerError, NodeError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -25,6 +25,9 @@ pub enum ApiError {
     NotFound(String),
     #[error("method not allowed: {0}")]
     MethodNotAllowed(String),
+    /// A metadata operation or read refused, with Kafka's error name.
+    #[error(transparent)]
+    Controller(#[from] ControllerError),
 }
 
 impl ApiError {
@@ -34,6 +37,7 @@ impl ApiError {
             ApiError::Request(err) => err.code(),
             ApiError::NotFound(_) => "NOT_FOUND",
             ApiError::MethodNotAllowed(_) => "METHOD_NOT_ALLOWED",
+            ApiError::Controller(err) => err.code(),
         }
     }
 
@@ -74,7 +78,9 @@ impl From<NodeError> for ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::Request(ClientError::BadRequest(_) | ClientError::Rejected(_)) => StatusCode::BAD_REQUEST,
+            ApiError::Request(ClientError::BadRequest(_) | ClientError::Rejected(_) | ClientError::Unsupported(_)) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::Request(ClientError::PayloadTooLarge(_)) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Request(ClientError::NotLeader { .. } | ClientError::Unavailable(_)) => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -85,6 +91,21 @@ impl ResponseError for ApiError {
             ApiError::Request(ClientError::OutcomeUnknown(_)) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Controller(err) => match err {
+                ControllerError::TopicAlreadyExists(_)
+                | ControllerError::StaleBrokerEpoch(_)
+                | ControllerError::DuplicateBrokerRegistration(_)
+                | ControllerError::FencedLeaderEpoch(_)
+                | ControllerError::InvalidUpdateVersion(_) => StatusCode::CONFLICT,
+                ControllerError::UnknownTopicOrPartition(_) | ControllerError::BrokerIdNotRegistered(_) => {
+                    StatusCode::NOT_FOUND
+                }
+                ControllerError::NotController { .. } | ControllerError::Unavailable(_) => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                ControllerError::OutcomeUnknown(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                _ => StatusCode::BAD_REQUEST,
+            },
         }
     }
 
@@ -101,12 +122,22 @@ impl ResponseError for ApiError {
                 "leader_id": leader_id,
                 "leader_endpoint": leader_endpoint,
             }),
+            ApiError::Controller(ControllerError::NotController { leader_id, message }) => json!({
+                "error": self.code(),
+                "message": message,
+                "leader_id": leader_id,
+            }),
+            ApiError::Controller(err) => json!({
+                "error": self.code(),
+                "message": err.message(),
+            }),
             ApiError::Request(
                 ClientError::BadRequest(message)
                 | ClientError::PayloadTooLarge(message)
                 | ClientError::OutcomeUnknown(message)
                 | ClientError::Rejected(message)
-                | ClientError::Unavailable(message),
+                | ClientError::Unavailable(message)
+                | ClientError::Unsupported(message),
             )
             | ApiError::NotFound(message)
             | ApiError::MethodNotAllowed(message) => json!({

@@ -24,6 +24,7 @@ mod client_listener;
 mod error;
 mod funnel;
 mod local;
+mod metadata;
 pub mod metrics;
 
 use std::future::Future;
@@ -45,7 +46,8 @@ pub use local::{LocalHttpServer, LocalServer};
 
 use crate::messages::{Record, MAX_BATCH_BYTES};
 use crate::node::{
-    AppendError, Appended, LogPage, MetricsSnapshot, NodeError, NodeHandle, QuorumStatus, RecordPage, SnapshotInfo,
+    Answer, AppendError, Appended, ControllerError, LogPage, MetadataImage, MetricsSnapshot, NodeError, NodeHandle,
+    Operation, QuorumStatus, RecordPage, SnapshotInfo,
 };
 use crate::raft::Offset;
 use crate::types::AppendReply;
@@ -144,6 +146,17 @@ pub(crate) trait NodeApi: Clone + 'static {
     fn read_records(&self, from: Offset, max: usize) -> impl Future<Output = Result<RecordPage, NodeError>>;
     fn metrics(&self) -> impl Future<Output = Result<MetricsSnapshot, NodeError>>;
     fn create_snapshot(&self) -> impl Future<Output = Result<SnapshotInfo, NodeError>>;
+    /// The newest metadata image; None unless the node keeps one.
+    fn metadata_image(&self) -> Option<MetadataImage> {
+        None
+    }
+    /// A controller operation (see [`NodeHandle::operate`]).
+    fn operate(&self, _operation: Operation) -> impl Future<Output = Result<Answer, ControllerError>> {
+        std::future::ready(Err(ControllerError::NotController {
+            leader_id: None,
+            message: "this node keeps no metadata".to_string(),
+        }))
+    }
 }
 
 impl NodeApi for NodeHandle {
@@ -164,6 +177,12 @@ impl NodeApi for NodeHandle {
     }
     fn create_snapshot(&self) -> impl Future<Output = Result<SnapshotInfo, NodeError>> {
         NodeHandle::create_snapshot(self)
+    }
+    fn metadata_image(&self) -> Option<MetadataImage> {
+        NodeHandle::metadata_image(self)
+    }
+    fn operate(&self, operation: Operation) -> impl Future<Output = Result<Answer, ControllerError>> {
+        NodeHandle::operate(self, operation)
     }
 }
 
@@ -216,6 +235,47 @@ fn routes<N: NodeApi>(cfg: &mut web::ServiceConfig, node: N, max_body_bytes: usi
         .service(one_method("/v1/append", Method::POST, append::<N>))
         .service(one_method("/v1/log", Method::GET, log::<N>))
         .service(one_method("/v1/snapshot", Method::POST, snapshot::<N>))
+        .service(one_method("/v1/image", Method::GET, metadata::image::<N>))
+        .service(
+            methods("/v1/brokers")
+                .on(Method::GET, metadata::brokers::<N>)
+                .on(Method::POST, metadata::register_broker::<N>),
+        )
+        .service(
+            methods("/v1/brokers/{id}")
+                .on(Method::GET, metadata::broker::<N>)
+                .on(Method::DELETE, metadata::unregister_broker::<N>),
+        )
+        .service(one_method(
+            "/v1/brokers/{id}/heartbeat",
+            Method::POST,
+            metadata::heartbeat::<N>,
+        ))
+        .service(
+            methods("/v1/topics")
+                .on(Method::GET, metadata::topics::<N>)
+                .on(Method::POST, metadata::create_topic::<N>),
+        )
+        .service(
+            methods("/v1/topics/{name}")
+                .on(Method::GET, metadata::topic::<N>)
+                .on(Method::DELETE, metadata::delete_topic::<N>),
+        )
+        .service(one_method(
+            "/v1/topics/{name}/partitions",
+            Method::POST,
+            metadata::create_partitions::<N>,
+        ))
+        .service(
+            methods("/v1/configs/{kind}/")
+                .on(Method::GET, metadata::default_configs::<N>)
+                .on(Method::PATCH, metadata::alter_default_configs::<N>),
+        )
+        .service(
+            methods("/v1/configs/{kind}/{name}")
+                .on(Method::GET, metadata::configs::<N>)
+                .on(Method::PATCH, metadata::alter_configs::<N>),
+        )
         .service(one_method("/healthz", Method::GET, healthz::<N>))
         .service(one_method("/metrics", Method::GET, prometheus::<N>))
         .default_service(web::to(not_found));
@@ -266,6 +326,53 @@ where
             let allowed = allowed.clone();
             async move { not_allowed(&req, &allowed) }
         }))
+}
+
+/// A resource served for several methods (each added with [`on`]); the
+/// others get 405 with an `Allow` header naming them.
+struct Methods {
+    allowed: Vec<Method>,
+    resource: actix_web::Resource,
+}
+
+fn methods(path: &str) -> Methods {
+    Methods {
+        allowed: Vec::new(),
+        resource: web::resource(path),
+    }
+}
+
+impl Methods {
+    /// Serves `method` with `handler`.
+    fn on<F, Args>(mut self, method: Method, handler: F) -> Methods
+    where
+        F: actix_web::Handler<Args>,
+        Args: actix_web::FromRequest + 'static,
+        F::Output: actix_web::Responder + 'static,
+    {
+        self.allowed.push(method.clone());
+        self.resource = self.resource.route(web::route().guard(OnlyMethod(method)).to(handler));
+        self
+    }
+}
+
+impl actix_web::dev::HttpServiceFactory for Methods {
+    fn register(self, config: &mut actix_web::dev::AppService) {
+        let allowed: Vec<String> = self.allowed.iter().map(|m| m.to_string()).collect();
+        let resource = self.resource.default_service(web::to(move |req: HttpRequest| {
+            let allowed = allowed.join(", ");
+            async move {
+                let mut response =
+                    ApiError::MethodNotAllowed(format!("{} is not allowed on {}", req.method(), truncated(req.path())))
+                        .error_response();
+                if let Ok(value) = header::HeaderValue::from_str(&allowed) {
+                    response.headers_mut().insert(header::ALLOW, value);
+                }
+                response
+            }
+        }));
+        resource.register(config)
+    }
 }
 
 /// Matches requests of one method.

@@ -73,9 +73,29 @@ pub struct LeaderChanged {
     pub leader_id: Option<NodeId>,
 }
 
-/// A listener registration: committed records and leader changes.
+/// Delivered, on a node whose snapshots hold a state machine's state
+/// (`node.state_machine = "metadata"`), to a listener that takes snapshots
+/// when its next record is below the newest snapshot's end (at
+/// registration, or after the node installed a snapshot from the leader):
+/// the state as of `id.end_offset`, to replace whatever the listener built
+/// so far. [`Committed`] records follow from `id.end_offset` on (Kafka's
+/// `handleLoadSnapshot`).
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct LoadSnapshot {
+    pub id: crate::messages::SnapshotId,
+    /// The snapshot's data records, in order.
+    pub records: std::sync::Arc<Vec<crate::messages::Record>>,
+}
+
+/// A listener registration: committed records, leader changes and, on a
+/// node whose snapshots hold a state, snapshots to load.
 #[derive(Clone)]
 pub struct Listener {
     pub committed: Recipient<Committed>,
     pub leader_changed: Option<Recipient<LeaderChanged>>,
+    /// None on such a node: the listener starts at the log start instead
+    /// (what came before is only in the snapshot), and after a snapshot
+    /// install it goes on from the new log start.
+    pub load_snapshot: Option<Recipient<LoadSnapshot>>,
 }

@@ -88,6 +88,10 @@ pub enum ClientError {
     /// The node is shutting down or overloaded. Nothing was written.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The node does not do that in its mode: raw appends to a node whose
+    /// log holds metadata records. Nothing was written.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
 }
 
 impl ClientResponse {
@@ -113,6 +117,7 @@ impl ClientError {
             ClientError::OutcomeUnknown(_) => "OUTCOME_UNKNOWN",
             ClientError::Rejected(_) => "REJECTED",
             ClientError::Unavailable(_) => "UNAVAILABLE",
+            ClientError::Unsupported(_) => "UNSUPPORTED",
         }
     }
 }
@@ -130,6 +135,7 @@ impl From<AppendError> for ClientError {
             AppendError::OutcomeUnknown(message) => ClientError::OutcomeUnknown(message),
             AppendError::Rejected(message) => ClientError::Rejected(message),
             AppendError::Unavailable(message) => ClientError::Unavailable(message),
+            AppendError::Unsupported(message) => ClientError::Unsupported(message),
         }
     }
 }

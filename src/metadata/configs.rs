@@ -51,6 +51,12 @@ const TOPIC_KEYS: [(&str, Kind); 18] = [
     ("unclean.leader.election.enable", Kind::Bool),
 ];
 
+/// Whether `key` is a topic config this build knows (one that may be
+/// deleted).
+pub fn is_topic_config_key(key: &str) -> bool {
+    TOPIC_KEYS.iter().any(|(k, _)| *k == key)
+}
+
 /// Whether `value` may be set for the topic config `key`.
 pub fn check_topic_config(key: &str, value: &str) -> Result<(), InvalidConfig> {
     let Some((_, kind)) = TOPIC_KEYS.iter().find(|(k, _)| *k == key) else {

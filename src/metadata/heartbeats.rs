@@ -82,6 +82,18 @@ impl Sessions {
         *last = (*last).max(now_ms);
     }
 
+    /// The session timeout.
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms
+    }
+
+    /// Whether broker `id` was heard from within the session timeout.
+    pub fn alive(&self, id: BrokerId, now_ms: u64) -> bool {
+        self.last_contact_ms
+            .get(&id)
+            .is_some_and(|last| now_ms.saturating_sub(*last) <= self.timeout_ms)
+    }
+
     /// Broker `id` is fenced or gone: its silence no longer matters.
     pub fn forget(&mut self, id: BrokerId) {
         self.last_contact_ms.remove(&id);

@@ -171,6 +171,26 @@ impl MetadataImage {
         records
     }
 
+    /// The image a snapshot's `records` rebuild (in the order
+    /// [`MetadataImage::records`] writes them), reflecting every offset
+    /// below `end_offset`, the last of them in `epoch`.
+    pub fn from_records(
+        end_offset: Offset,
+        epoch: Epoch,
+        records: impl IntoIterator<Item = MetadataRecord>,
+    ) -> Result<MetadataImage, ReplayError> {
+        let mut delta = MetadataDelta::new(&MetadataImage::empty());
+        // The records stand for the state, not for log offsets: they are
+        // replayed in order, and the image then reflects the snapshot's end.
+        for (i, record) in records.into_iter().enumerate() {
+            delta.replay(i as Offset, epoch, &record)?;
+        }
+        let (mut image, _) = delta.apply();
+        image.offset = end_offset - 1;
+        image.epoch = epoch;
+        Ok(image)
+    }
+
     /// A checksum of the image's content (CRC32C of its records), the
     /// same on every node whose image holds the same cluster.
     pub fn fingerprint(&self) -> u32 {
@@ -236,7 +256,9 @@ impl MetadataDelta {
                     r.broker_id,
                     BrokerRegistration {
                         id: r.broker_id,
-                        epoch: r.broker_epoch,
+                        // A controller writes the record before it knows
+                        // its offset, which is the broker's epoch.
+                        epoch: if r.broker_epoch < 0 { offset } else { r.broker_epoch },
                         incarnation_id: r.incarnation_id,
                         listeners: r.endpoints.clone(),
                         features: r.features.clone(),
@@ -361,6 +383,16 @@ impl MetadataDelta {
         image.offset = offset;
         image.epoch = epoch;
         Ok(())
+    }
+
+    /// A committed record that is not a metadata record (a control record:
+    /// LeaderChange, the raft layer's NoOp) at `offset`: the image changes
+    /// nothing but reflects that offset from now on.
+    pub fn advance(&mut self, offset: Offset, epoch: Epoch) {
+        if offset > self.next.offset {
+            self.next.offset = offset;
+            self.next.epoch = epoch;
+        }
     }
 
     /// The next image, and what changed on the way to it.

@@ -4,13 +4,17 @@
 //! may have (`topics`), which topic configs may be set (`configs`), and
 //! where brokers' heartbeats take them (`heartbeats`) and who leads a
 //! partition, also when a broker is fenced (`partitions`).
-//! Not yet wired into the node: nothing replays the log into an image
-//! yet, and no controller writes these records.
+//! In `node.state_machine = "metadata"` mode every node replays its
+//! committed log into an image (`replay`), and the active controller
+//! (`crate::actors::controller`) writes the records that `controller`'s
+//! operations return.
 
 pub mod configs;
+pub mod controller;
 pub mod heartbeats;
 pub mod image;
 pub mod partitions;
 pub mod placement;
 pub mod records;
+pub mod replay;
 pub mod topics;

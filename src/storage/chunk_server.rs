@@ -13,10 +13,10 @@ use tracing::warn;
 use super::queue::command_queue;
 use super::snapshot::{self, BatchCursor, SnapshotReader};
 use super::snapshot_files::no_snapshot_files;
-use super::snapshot_files::{read_batches, SnapshotChunk};
+use super::snapshot_files::{read_batches, read_state_snapshot, SnapshotChunk};
 use super::storage_thread::ReadResult;
 use super::StorageError;
-use crate::messages::{Batch, SnapshotId};
+use crate::messages::{Batch, Record, SnapshotId};
 use crate::raft::{NodeId, Offset};
 
 /// Reads local snapshot files: chunks for FetchSnapshot answers, and
@@ -59,6 +59,11 @@ pub(crate) enum ChunkRead {
         max_bytes: usize,
         reply: oneshot::Sender<ReadResult>,
     },
+    /// Every data record of snapshot `id` (a state machine's snapshot).
+    State {
+        id: SnapshotId,
+        reply: oneshot::Sender<Result<Vec<Record>, StorageError>>,
+    },
 }
 
 impl ChunkRead {
@@ -70,6 +75,9 @@ impl ChunkRead {
                 let _ = reply.send(Err(StorageError::ReaderBusy));
             }
             ChunkRead::Below { reply, .. } => {
+                let _ = reply.send(Err(StorageError::ReaderBusy));
+            }
+            ChunkRead::State { reply, .. } => {
                 let _ = reply.send(Err(StorageError::ReaderBusy));
             }
         }
@@ -119,6 +127,18 @@ impl ChunkServer {
                             warn!("read of [{from}, {until}) from the snapshot failed: {e}");
                         }
                         let _ = reply.send(read);
+                    }
+                    Ok(ChunkRead::State { id, reply }) => {
+                        let read = server
+                            .dir
+                            .as_deref()
+                            .ok_or_else(no_snapshot_files)
+                            .and_then(|dir| read_state_snapshot(dir, id));
+                        if let Err(e) = &read {
+                            warn!("reading snapshot {id:?} failed: {e}");
+                        }
+                        let _ = reply.send(read);
+                        super::return_free_memory();
                     }
                     Err(RecvTimeoutError::Timeout) => {
                         let served = server.serving.take().is_some() | server.below.take().is_some();

@@ -27,7 +27,7 @@ pub use memory::MemoryStore;
 pub use queue::MAX_QUEUED_COMMANDS;
 pub use sled_store::SledStore;
 pub use snapshot::{SnapshotError, SnapshotInstaller, SnapshotMeta, SnapshotReader, SnapshotWriter};
-pub use snapshot_files::SnapshotChunk;
+pub use snapshot_files::{SnapshotChunk, StateRecords};
 pub use storage_thread::{ReadResult, StorageEvent, StorageStats, MAX_GROUP_COMMANDS};
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +84,13 @@ pub enum StorageError {
     /// may retry.
     #[error("the snapshot reader is overloaded or stopped")]
     ReaderBusy,
+    /// A read below the log start on a node whose snapshots hold a state
+    /// machine's state, not the log's records: what came before the log
+    /// start is only there as that state (load the snapshot instead).
+    #[error(
+        "offset {from} is below the log start {start}; what came before is only in the newest snapshot of the state"
+    )]
+    BelowLogStart { from: Offset, start: Offset },
 }
 
 pub type Result<T> = std::result::Result<T, StorageError>;

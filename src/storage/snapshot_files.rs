@@ -12,7 +12,7 @@ use tracing::{error, warn};
 use super::chunk_server::ChunkServer;
 use super::snapshot::{self, BatchCursor, SnapshotInstaller, SnapshotMeta, SnapshotReader, SnapshotWriter};
 use super::{AppenderStore, StorageError};
-use crate::messages::{Batch, SnapshotId};
+use crate::messages::{Batch, Record, SnapshotId};
 use crate::raft::Offset;
 
 /// A piece of a snapshot file, for a FetchSnapshot response.
@@ -31,8 +31,11 @@ pub(crate) struct SnapshotFiles {
     pub(crate) chunks: ChunkServer,
     /// The snapshot being received from the leader.
     pub(crate) installing: Option<SnapshotInstaller>,
-    /// The newest snapshot: it holds every record below the log start.
+    /// The newest snapshot: it holds every record below the log start, or
+    /// (with `hold_state`) the state they made.
     pub(crate) latest: Option<SnapshotId>,
+    /// The snapshots hold a state machine's state, not the log's records.
+    pub(crate) hold_state: bool,
 }
 
 impl SnapshotFiles {
@@ -42,6 +45,7 @@ impl SnapshotFiles {
             dir,
             installing: None,
             latest: None,
+            hold_state: false,
         }
     }
 
@@ -246,6 +250,61 @@ pub(crate) fn write_snapshot(
 /// 1M records (to 98-101 MiB in `bench state`), and peaked at 83-89 MiB
 /// when trimming every 8 MiB, its snapshots no slower (392-454 ms).
 pub(crate) const SNAPSHOT_TRIM_EVERY_BYTES: u64 = 8 << 20;
+
+/// A state machine's state as the records of a snapshot, produced on the
+/// thread that writes the file (see [`write_state_snapshot`]).
+pub type StateRecords = Box<dyn Iterator<Item = Record> + Send>;
+
+/// Most records in one data batch of a state snapshot.
+pub const STATE_SNAPSHOT_BATCH_RECORDS: usize = 1024;
+/// Most bytes of records in one data batch of a state snapshot.
+const STATE_SNAPSHOT_BATCH_BYTES: usize = 1 << 20;
+
+/// Writes the snapshot `id` into `dir` from a state machine's `records`
+/// (not from the log): batches of at most [`STATE_SNAPSHOT_BATCH_RECORDS`]
+/// records or about 1 MiB, each with base offset 0 and the snapshot's epoch
+/// (the records stand for the state, not for log offsets). Gives up,
+/// removing the partial file, once `cancel` is set.
+pub(crate) fn write_state_snapshot(
+    dir: &Path,
+    id: SnapshotId,
+    records: StateRecords,
+    cancel: &AtomicBool,
+) -> Result<SnapshotMeta, StorageError> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let mut writer = SnapshotWriter::create(dir, id, now_ms)?;
+    let mut batch = Vec::with_capacity(STATE_SNAPSHOT_BATCH_RECORDS);
+    let mut bytes = 0;
+    for record in records {
+        bytes += match &record {
+            Record::Data(data) => data.len() + 8,
+            _ => 64,
+        };
+        batch.push(record);
+        if batch.len() >= STATE_SNAPSHOT_BATCH_RECORDS || bytes >= STATE_SNAPSHOT_BATCH_BYTES {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(StorageError::Cancelled(id));
+            }
+            writer.append(0, id.epoch, &batch)?;
+            batch.clear();
+            bytes = 0;
+        }
+    }
+    if !batch.is_empty() {
+        writer.append(0, id.epoch, &batch)?;
+    }
+    Ok(writer.freeze()?)
+}
+
+/// Every data record of the snapshot `id` in `dir`, in order (the file is
+/// validated whole first).
+pub(crate) fn read_state_snapshot(dir: &Path, id: SnapshotId) -> Result<Vec<Record>, StorageError> {
+    let reader = SnapshotReader::open(&snapshot::path_of(dir, id))?;
+    let records = reader.records().collect::<Result<Vec<Record>, _>>()?;
+    Ok(records)
+}
 
 /// A snapshot being written on a thread of its own.
 pub(crate) struct SnapshotThread {

@@ -27,9 +27,12 @@ use tracing::{debug, error, info, warn};
 use super::chunk_server::ChunkRead;
 use super::queue::{next_command, try_send_bounded};
 use super::snapshot::{self, SnapshotMeta};
-use super::snapshot_files::{check_snapshot_reaches, write_snapshot, SnapshotChunk, SnapshotFiles, SnapshotThread};
+use super::snapshot_files::{
+    check_snapshot_reaches, read_state_snapshot, write_snapshot, write_state_snapshot, SnapshotChunk, SnapshotFiles,
+    SnapshotThread, StateRecords, NOT_CANCELLED,
+};
 use super::{AppenderStore, StorageError};
-use crate::messages::{Batch, SnapshotId};
+use crate::messages::{Batch, Record, SnapshotId};
 use crate::raft::{ElectionState, Offset};
 pub use crate::types::StorageStats;
 
@@ -101,6 +104,21 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Result<SnapshotMeta, StorageError>>,
     },
     DeleteSnapshot(SnapshotId),
+    /// From now on the snapshots hold a state machine's state, not the
+    /// log's records: reads below the log start are refused
+    /// ([`StorageError::BelowLogStart`]). Sent once, before any read.
+    SnapshotsHoldState,
+    /// Write the snapshot `id` from a state machine's records.
+    WriteStateSnapshot {
+        id: SnapshotId,
+        records: StateRecords,
+        reply: oneshot::Sender<Result<SnapshotMeta, StorageError>>,
+    },
+    /// Every data record of the snapshot `id`.
+    ReadStateSnapshot {
+        id: SnapshotId,
+        reply: oneshot::Sender<Result<Vec<Record>, StorageError>>,
+    },
     /// Compact the log below the end of this snapshot, which now holds
     /// every record below the log start.
     DeleteBefore(SnapshotId),
@@ -300,7 +318,9 @@ impl StorageThread {
                     // reader decides whether to retry); it never stops the
                     // node.
                     let start = self.store.start_offset();
-                    let read = if from < start {
+                    let read = if from < start && self.snapshots.hold_state {
+                        Err(StorageError::BelowLogStart { from, start })
+                    } else if from < start {
                         let latest = self.snapshots.latest;
                         let until = until.min(start);
                         match &self.chunks {
@@ -338,6 +358,21 @@ impl StorageThread {
                     })?;
                 }
                 Command::CreateSnapshot { id, previous, reply } => self.create_snapshot(id, previous, reply),
+                Command::SnapshotsHoldState => self.snapshots.hold_state = true,
+                Command::WriteStateSnapshot { id, records, reply } => self.create_state_snapshot(id, records, reply),
+                Command::ReadStateSnapshot { id, reply } => match &self.chunks {
+                    // A whole snapshot is read and validated beside this
+                    // thread, like the reads below the log start.
+                    Some(chunks) => {
+                        if let Err(e) = try_send_bounded(chunks, ChunkRead::State { id, reply }) {
+                            e.into_inner().refuse();
+                        }
+                    }
+                    None => {
+                        let read = self.snapshots.dir().and_then(|dir| read_state_snapshot(dir, id));
+                        let _ = reply.send(read);
+                    }
+                },
                 Command::ReadSnapshotChunk {
                     id,
                     position,
@@ -448,6 +483,45 @@ impl StorageThread {
             Ok(thread) => self.snapshot_thread = Some(SnapshotThread { cancel, thread }),
             // The reply went with the closure: the requester sees the
             // snapshot abandoned.
+            Err(e) => error!(?id, "cannot start a thread to write the snapshot: {e}"),
+        }
+    }
+
+    /// Writes the snapshot `id` from a state machine's `records`: on a
+    /// thread of its own when this one serves a thread-backed store (with a
+    /// chunk server), else here (a store run on a task, which never
+    /// blocks). The reply comes from whichever thread wrote it.
+    fn create_state_snapshot(
+        &mut self,
+        id: SnapshotId,
+        records: StateRecords,
+        reply: oneshot::Sender<Result<SnapshotMeta, StorageError>>,
+    ) {
+        self.stop_snapshot_thread(false);
+        let dir = match self.snapshots.dir() {
+            Ok(dir) => dir.clone(),
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        if self.chunks.is_none() {
+            let written = write_state_snapshot(&dir, id, records, &NOT_CANCELLED);
+            if written.is_ok() {
+                self.snapshots.use_latest(id);
+            }
+            let _ = reply.send(written);
+            return;
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        let cancelled = cancel.clone();
+        let spawned = std::thread::Builder::new().name(self.name.clone()).spawn(move || {
+            let written = write_state_snapshot(&dir, id, records, &cancelled);
+            super::return_free_memory();
+            let _ = reply.send(written);
+        });
+        match spawned {
+            Ok(thread) => self.snapshot_thread = Some(SnapshotThread { cancel, thread }),
             Err(e) => error!(?id, "cannot start a thread to write the snapshot: {e}"),
         }
     }

@@ -399,6 +399,7 @@ impl World {
         let listener = Listener {
             committed: recorder.clone().recipient(),
             leader_changed: Some(recorder.recipient()),
+            load_snapshot: None,
         };
         handle
             .register_listener(listener)

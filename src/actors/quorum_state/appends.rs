@@ -227,7 +227,7 @@ fn response_of(result: Result<Appended, AppendError>) -> AppendResponse {
             epoch: a.epoch,
         },
         Err(AppendError::NotLeader { leader_id, .. }) => AppendResponse::NotLeader { leader_id },
-        Err(AppendError::Rejected(reason)) => AppendResponse::Rejected { reason },
+        Err(AppendError::Rejected(reason) | AppendError::Unsupported(reason)) => AppendResponse::Rejected { reason },
         Err(AppendError::Unavailable(reason)) => AppendResponse::Unavailable { reason },
         Err(AppendError::OutcomeUnknown(reason)) => AppendResponse::OutcomeUnknown { reason },
     }

@@ -51,7 +51,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::actors::fetch_purgatory::{self, FetchPurgatory, HighWatermarkAdvanced, Register, RoleUpdate};
 use crate::actors::log_appender::{LogAppender, ReadResult, StorageEvent};
-use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, MetadataListeners};
+use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, LogBounds, MetadataListeners};
+use crate::actors::state_machine::TakeSnapshot;
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
 use crate::messages::records::{CommittedRecord, RecordPage};
 use crate::messages::{
@@ -195,6 +196,9 @@ pub struct QuorumPeers {
     pub listeners: Addr<MetadataListeners>,
     /// When to snapshot and compact, seeded with the snapshots found.
     pub snapshots: SnapshotPolicy,
+    /// The state machine whose state the snapshots hold; None: they hold
+    /// the log's records (`node.state_machine = "log"`).
+    pub state_machine: Option<Recipient<TakeSnapshot>>,
     /// Told once, when the actor stops.
     pub on_stopped: oneshot::Sender<StopReason>,
 }
@@ -268,6 +272,8 @@ pub struct QuorumState {
     on_stopped: Option<oneshot::Sender<StopReason>>,
     metrics: Metrics,
     snapshots: SnapshotPolicy,
+    /// See [`QuorumPeers::state_machine`].
+    state_machine: Option<Recipient<TakeSnapshot>>,
     /// A snapshot is being written (one at a time).
     snapshotting: bool,
     /// The newest batches sent to storage, for fetch reads at the log end.
@@ -315,6 +321,7 @@ impl QuorumState {
             stop_reason: None,
             on_stopped: Some(peers.on_stopped),
             snapshots: peers.snapshots,
+            state_machine: peers.state_machine,
             snapshotting: false,
             tail: TailCache::new(TAIL_CACHE_BYTES),
             chunk_unwritten: false,
@@ -968,8 +975,9 @@ mod snapshot_fetch_tests {
                 requests: wire.clone().recipient(),
                 forward_requests: wire.clone().recipient(),
                 purgatory: FetchPurgatory::new().start(),
-                listeners: MetadataListeners::new(OBSERVER, appender.clone(), 0).start(),
+                listeners: MetadataListeners::new(OBSERVER, appender.clone(), 0, false, None).start(),
                 snapshots: SnapshotPolicy::new(defaults.snapshot_settings(), Vec::new(), 0, 0),
+                state_machine: None,
                 on_stopped,
             };
             let quorum = QuorumState::new("held-chunk".to_string(), engine, peers).start();

@@ -12,10 +12,12 @@ impl QuorumState {
         SnapshotPolicy::committed_flushed_end(self.executed_high_watermark, self.node.log())
     }
 
-    /// Starts writing a snapshot at the engine's snapshot point
-    /// ([`SnapshotPolicy::snapshot_point`]); the receiver gets it once it
-    /// is durable. None when one is being written already or nothing is
-    /// newer than the latest.
+    /// Starts writing a snapshot: of the log at the engine's snapshot point
+    /// ([`SnapshotPolicy::snapshot_point`]), or, on a node whose snapshots
+    /// hold a state machine's state, of that state as of what it applied
+    /// (which is committed; it must be flushed here too). The receiver gets
+    /// it once it is durable. None when one is being written already or
+    /// nothing is newer than the latest.
     pub(super) fn write_snapshot(
         &mut self,
         ctx: &mut Context<Self>,
@@ -23,18 +25,50 @@ impl QuorumState {
         if self.snapshotting {
             return None;
         }
-        let id = self
+        let point = self
             .snapshots
             .snapshot_point(self.executed_high_watermark, self.node.log())?;
-        let created = match self.appender.create_snapshot(id, self.snapshots.latest()) {
-            Ok(created) => created,
-            Err(e) => {
-                warn!(?id, "cannot queue a snapshot: {e}");
-                return None;
+        let (tx, rx) = oneshot::channel();
+        let Some(machine) = self.state_machine.clone() else {
+            match self.appender.create_snapshot(point, self.snapshots.latest()) {
+                Ok(created) => self.finish_snapshot(point, created, tx, ctx),
+                Err(e) => warn!(id = ?point, "cannot queue a snapshot: {e}"),
             }
+            return Some(rx);
         };
         self.snapshotting = true;
-        let (tx, rx) = oneshot::channel();
+        ctx.spawn(machine.send(TakeSnapshot).into_actor(self).map(move |taken, act, ctx| {
+            act.snapshotting = false;
+            let (id, records) = match taken {
+                Ok(Some(taken)) => taken,
+                Ok(None) => return drop(tx.send(Err(nothing_to_snapshot("the state machine has applied nothing")))),
+                Err(_) => return drop(tx.send(Err(nothing_to_snapshot("the state machine has stopped")))),
+            };
+            let newer = act.snapshots.latest().is_none_or(|latest| id.end_offset > latest.end_offset);
+            if !newer || id.end_offset > act.snapshot_end() {
+                let why = format!(
+                    "the state machine stands at {id:?}, which is not both newer than the latest snapshot and flushed here"
+                );
+                return drop(tx.send(Err(nothing_to_snapshot(&why))));
+            }
+            match act.appender.write_state_snapshot(id, records) {
+                Ok(created) => act.finish_snapshot(id, created, tx, ctx),
+                Err(e) => warn!(?id, "cannot queue a snapshot: {e}"),
+            }
+        }));
+        Some(rx)
+    }
+
+    /// Waits for the snapshot `id` being written, then records it and tells
+    /// the engine and the listeners.
+    fn finish_snapshot(
+        &mut self,
+        id: SnapshotId,
+        created: oneshot::Receiver<Result<crate::storage::SnapshotMeta, StorageError>>,
+        tx: oneshot::Sender<Result<SnapshotInfo, StorageError>>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.snapshotting = true;
         ctx.spawn(wrap_future::<_, Self>(created).map(move |result, act, ctx| {
             act.snapshotting = false;
             let now = act.tick();
@@ -43,6 +77,7 @@ impl QuorumState {
                     info!(?id, size_bytes = meta.size_bytes, "snapshot written");
                     act.snapshots.on_created(id, meta.size_bytes, now);
                     act.node.on_snapshot_created(now, id);
+                    act.announce_log_bounds();
                     act.drive(ctx);
                     Ok(SnapshotInfo {
                         end_offset: id.end_offset,
@@ -59,7 +94,17 @@ impl QuorumState {
             };
             let _ = tx.send(outcome);
         }));
-        Some(rx)
+    }
+
+    /// Tells the listeners where the log starts and which snapshot is the
+    /// newest (a listener that takes snapshots loads a newer one).
+    pub(super) fn announce_log_bounds(&self) {
+        if self.listeners.connected() {
+            self.listeners.do_send(LogBounds {
+                log_start: self.node.log().start_offset(),
+                latest_snapshot: self.snapshots.latest(),
+            });
+        }
     }
 
     /// Runs the cleaner's decision. The engine's log start moves first (so
@@ -88,6 +133,7 @@ impl QuorumState {
             if let Err(e) = self.appender.delete_before(start) {
                 return self.fatal(ctx, format!("cannot queue a compaction: {e}"));
             }
+            self.announce_log_bounds();
         }
         self.drive(ctx);
     }
@@ -160,6 +206,7 @@ impl QuorumState {
                         return act.fatal(ctx, format!("the log was replaced by an install, but {e}"));
                     }
                     act.snapshots.on_created(id, meta.size_bytes, now);
+                    act.announce_log_bounds();
                 }
                 Ok(Err(e)) => {
                     warn!(?id, "the fetched snapshot could not be installed: {e}");
@@ -174,6 +221,11 @@ impl QuorumState {
             act.drive(ctx);
         }));
     }
+}
+
+/// Why no snapshot of the state was written this time.
+fn nothing_to_snapshot(why: &str) -> StorageError {
+    StorageError::NoSnapshot(format!("no snapshot written: {why}"))
 }
 
 impl Handler<CreateSnapshot> for QuorumState {

@@ -1,0 +1,406 @@
+//! The metadata layer on whole nodes (`node.state_machine = "metadata"`):
+//! replay into an image on every node, the controller on the active leader,
+//! image snapshots, and the HTTP resources.
+//!
+//! Waits poll with a bound (at most [`WAIT`]) and never assert on timings.
+
+mod ports;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use kraft::config::{Config, StateMachineKind};
+use kraft::metadata::controller::{BrokerRegistrationRequest, ConfigChange, NewTopic, TopicLayout};
+use kraft::metadata::records::CONFIG_RESOURCE_TOPIC;
+use kraft::node::{self, AppendError, ControllerError, MetadataImage, NodeHandle, Operation};
+use kraft::raft::NodeId;
+use serde_json::Value;
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(20);
+const POLL: Duration = Duration::from_millis(25);
+
+async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {WAIT:?} waiting for {what}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+fn config(id: NodeId, ports: &[u16], dir: &Path) -> Config {
+    let mut config = Config::default();
+    config.node.id = id;
+    config.node.cluster_id = "metadata-test".to_string();
+    config.node.data_dir = dir.to_path_buf();
+    config.node.state_machine = StateMachineKind::Metadata;
+    config.quorum.voters = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| (i as NodeId + 1, format!("127.0.0.1:{port}")))
+        .collect();
+    config.listeners.raft = config.quorum.voters[&id].parse().unwrap();
+    config.listeners.http = "127.0.0.1:0".parse().unwrap();
+    config.quorum.election_timeout_ms = 300;
+    config.quorum.fetch_timeout_ms = 600;
+    config.quorum.request_timeout_ms = 1000;
+    config.quorum.election_backoff_max_ms = 300;
+    config.metadata.max_idle_interval_ms = 200;
+    config.broker.heartbeat_interval_ms = 500;
+    config.broker.session_timeout_ms = 2_000;
+    config
+}
+
+/// The image once the controller wrote `metadata.version`.
+async fn bootstrapped(node: &NodeHandle) -> MetadataImage {
+    eventually("metadata.version in the image", || async {
+        node.metadata_image()
+            .filter(|i| i.features.contains_key("metadata.version"))
+    })
+    .await
+}
+
+fn registration(id: i32) -> BrokerRegistrationRequest {
+    BrokerRegistrationRequest {
+        broker_id: id,
+        incarnation_id: Uuid::new_v4(),
+        listeners: Vec::new(),
+        rack: None,
+        features: Vec::new(),
+    }
+}
+
+/// Registers broker `id` and heartbeats until it is unfenced; its epoch.
+async fn unfenced_broker(node: &NodeHandle, id: i32) -> i64 {
+    let answer = node.operate(Operation::RegisterBroker(registration(id))).await.unwrap();
+    let epoch = answer.broker_epoch.unwrap();
+    eventually("the broker unfenced", || async {
+        let offset = node.metadata_image().unwrap().offset;
+        let beat = Operation::BrokerHeartbeat {
+            broker_id: id,
+            broker_epoch: epoch,
+            metadata_offset: offset,
+            want_fence: false,
+            want_shutdown: false,
+        };
+        let answer = node.operate(beat).await.ok()?;
+        (!answer.heartbeat?.0).then_some(())
+    })
+    .await;
+    epoch
+}
+
+fn new_topic(name: &str, partitions: i32) -> Operation {
+    Operation::CreateTopic(NewTopic {
+        name: name.to_string(),
+        layout: TopicLayout::Counts {
+            partitions,
+            replication_factor: 1,
+        },
+        configs: BTreeMap::new(),
+    })
+}
+
+#[actix_rt::test]
+async fn a_single_node_controller_registers_brokers_creates_topics_and_keeps_them_across_a_restart() {
+    let ports = vec![ports::free_port()];
+    let dir = tempfile::tempdir().unwrap();
+    let node = node::start(config(1, &ports, dir.path())).await.unwrap();
+    bootstrapped(&node).await;
+
+    // Raw records have no place in a metadata log.
+    match node.append(vec![b"raw".to_vec()]).await {
+        Err(AppendError::Unsupported(_)) => {}
+        other => panic!("a raw append in metadata mode: {other:?}"),
+    }
+
+    // A topic needs brokers.
+    match node.operate(new_topic("orders", 3)).await {
+        Err(ControllerError::InvalidReplicationFactor(_)) => {}
+        other => panic!("a topic without brokers: {other:?}"),
+    }
+    let epoch = unfenced_broker(&node, 1).await;
+    // The node replays what the controller committed, a moment later.
+    let image = eventually("the replayed image to show the broker unfenced", || async {
+        node.metadata_image()
+            .filter(|i| i.brokers.get(&1).is_some_and(|b| !b.fenced))
+    })
+    .await;
+    assert_eq!(
+        image.brokers[&1].epoch, epoch,
+        "a broker's epoch is its registration's offset"
+    );
+
+    let created = node.operate(new_topic("orders", 3)).await.unwrap();
+    let topic = created
+        .image
+        .topic("orders")
+        .expect("the answer's image holds the topic");
+    assert_eq!(topic.partitions.len(), 3);
+    assert!(topic.partitions.values().all(|p| p.leader == 1 && p.isr == vec![1]));
+    match node.operate(new_topic("orders", 1)).await {
+        Err(ControllerError::TopicAlreadyExists(_)) => {}
+        other => panic!("a second topic of the same name: {other:?}"),
+    }
+    match node
+        .operate(new_topic("ord.ers", 1))
+        .await
+        .and(node.operate(new_topic("ord_ers", 1)).await)
+    {
+        Err(ControllerError::InvalidTopic(_)) => {}
+        other => panic!("names that collide on '.' and '_': {other:?}"),
+    }
+    let mut set = BTreeMap::new();
+    set.insert("retention.ms".to_string(), "60000".to_string());
+    let change = |set: BTreeMap<String, String>| Operation::AlterConfigs {
+        resource_type: CONFIG_RESOURCE_TOPIC,
+        name: "orders".to_string(),
+        change: ConfigChange {
+            set,
+            delete: Vec::new(),
+        },
+    };
+    node.operate(change(set)).await.unwrap();
+    let mut unknown = BTreeMap::new();
+    unknown.insert("no.such.key".to_string(), "1".to_string());
+    match node.operate(change(unknown)).await {
+        Err(ControllerError::InvalidConfig(_)) => {}
+        other => panic!("an unknown config key: {other:?}"),
+    }
+
+    // The replayed image shows what the controller answered.
+    let before = eventually("the image to show the config", || async {
+        node.metadata_image().filter(|i| !i.configs.is_empty())
+    })
+    .await;
+    let snapshot = node.create_snapshot().await.unwrap();
+    assert!(snapshot.created && snapshot.end_offset > before.offset);
+    node.shutdown().await;
+
+    let node = node::start(config(1, &ports, dir.path())).await.unwrap();
+    let after = eventually("the image back after a restart", || async {
+        node.metadata_image().filter(|i| i.offset >= before.offset)
+    })
+    .await;
+    assert_eq!(after.topic("orders").unwrap().partitions.len(), 3);
+    // The same cluster (NoOps may have moved the offset since).
+    assert_eq!(after.fingerprint(), before.fingerprint());
+    assert_eq!(after.brokers, before.brokers);
+    assert_eq!(after.topics_by_id, before.topics_by_id);
+    assert_eq!(after.configs, before.configs);
+    node.shutdown().await;
+}
+
+#[actix_rt::test]
+async fn every_node_replays_the_same_image_and_a_new_controller_carries_on() {
+    let ports: Vec<u16> = (0..3).map(|_| ports::free_port()).collect();
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        nodes.push(node::start(config(i as NodeId + 1, &ports, dir.path())).await.unwrap());
+    }
+    // Whichever node is active answers; the others say who is.
+    let leader = eventually("an active controller", || async {
+        for (i, node) in nodes.iter().enumerate() {
+            if node
+                .operate(Operation::RegisterBroker(registration(100 + i as i32)))
+                .await
+                .is_ok()
+            {
+                return Some(i);
+            }
+        }
+        None
+    })
+    .await;
+    for (i, node) in nodes.iter().enumerate() {
+        if i != leader {
+            match node.operate(new_topic("x", 1)).await {
+                Err(ControllerError::NotController { leader_id, .. }) => {
+                    assert_eq!(leader_id, Some(leader as NodeId + 1));
+                }
+                other => panic!("a write to a follower's controller: {other:?}"),
+            }
+        }
+    }
+    unfenced_broker(&nodes[leader], 7).await;
+    let created = nodes[leader].operate(new_topic("orders", 2)).await.unwrap();
+    let offset = created.image.offset;
+    let images: Vec<MetadataImage> = {
+        let mut images = Vec::new();
+        for node in &nodes {
+            images.push(
+                eventually("every node to replay the topic", || async {
+                    node.metadata_image().filter(|i| i.offset >= offset)
+                })
+                .await,
+            );
+        }
+        images
+    };
+    for image in &images {
+        assert_eq!(image.topics_by_id, images[0].topics_by_id);
+        assert_eq!(image.brokers, images[0].brokers);
+    }
+
+    // The active controller goes; the next one has every topic and writes.
+    nodes[leader].shutdown().await;
+    let rest: Vec<&NodeHandle> = nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != leader)
+        .map(|(_, n)| n)
+        .collect();
+    let created = eventually("a new active controller", || async {
+        for node in &rest {
+            if let Ok(answer) = node.operate(new_topic("payments", 1)).await {
+                return Some(answer);
+            }
+        }
+        None
+    })
+    .await;
+    assert!(
+        created.image.topic("orders").is_some(),
+        "the new controller sees the old one's topics"
+    );
+    assert!(created.image.topic("payments").is_some());
+    for node in rest {
+        node.shutdown().await;
+    }
+}
+
+#[actix_rt::test]
+async fn the_http_resources_create_and_show_topics_with_kafkas_error_names() {
+    let ports = vec![ports::free_port()];
+    let dir = tempfile::tempdir().unwrap();
+    let node = node::start(config(1, &ports, dir.path())).await.unwrap();
+    bootstrapped(&node).await;
+    let (server, addr) = kraft::api::http_server(node.clone(), "127.0.0.1:0".parse().unwrap()).unwrap();
+    let server_handle = server.handle();
+    actix_rt::spawn(server);
+    let base = format!("http://{addr}");
+    let call = |method: &'static str, path: String, body: Option<Value>| {
+        let url = format!("{base}{path}");
+        async move {
+            let client = reqwest::Client::new();
+            let request = client.request(method.parse().unwrap(), url);
+            let request = match body {
+                Some(body) => request.json(&body),
+                None => request,
+            };
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.unwrap();
+            (status, body)
+        }
+    };
+
+    let (status, body) = call(
+        "POST",
+        "/v1/brokers".into(),
+        Some(serde_json::json!({"id": 1, "incarnation_id": Uuid::new_v4(),
+            "listeners": [{"name": "PLAINTEXT", "host": "localhost", "port": 9092}], "rack": null})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let epoch = body["epoch"].as_i64().unwrap();
+    eventually("the broker unfenced over HTTP", || {
+        let call = call.clone();
+        let offset = node.metadata_image().unwrap().offset;
+        async move {
+            let (status, body) = call(
+                "POST",
+                "/v1/brokers/1/heartbeat".into(),
+                Some(serde_json::json!({"epoch": epoch, "metadata_offset": offset})),
+            )
+            .await;
+            (status == 200 && body["is_fenced"] == false).then_some(())
+        }
+    })
+    .await;
+    let (status, body) = call(
+        "POST",
+        "/v1/topics".into(),
+        Some(
+            serde_json::json!({"name": "orders", "partitions": 2, "replication_factor": 1,
+            "configs": {"cleanup.policy": "compact"}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["name"], "orders");
+    assert_eq!(body["partitions"].as_array().unwrap().len(), 2);
+    assert_eq!(body["partitions"][0]["leader"], 1);
+    assert_eq!(body["configs"]["cleanup.policy"], "compact");
+
+    let (status, body) = call(
+        "POST",
+        "/v1/topics".into(),
+        Some(serde_json::json!({"name": "orders", "partitions": 1})),
+    )
+    .await;
+    assert_eq!((status, body["error"].as_str()), (409, Some("TOPIC_ALREADY_EXISTS")));
+    let (status, body) = call(
+        "POST",
+        "/v1/topics".into(),
+        Some(serde_json::json!({"name": "a/b", "partitions": 1})),
+    )
+    .await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("INVALID_TOPIC_EXCEPTION")));
+    let (status, body) = call("GET", "/v1/topics/nope".into(), None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("UNKNOWN_TOPIC_OR_PARTITION"))
+    );
+    let (status, body) = call(
+        "PATCH",
+        "/v1/configs/topic/orders".into(),
+        Some(serde_json::json!({"set": {"retention.ms": "-5"}})),
+    )
+    .await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("INVALID_CONFIG")));
+    let (status, body) = call(
+        "POST",
+        "/v1/brokers/1/heartbeat".into(),
+        Some(serde_json::json!({"epoch": epoch + 1000, "metadata_offset": 0})),
+    )
+    .await;
+    assert_eq!((status, body["error"].as_str()), (409, Some("STALE_BROKER_EPOCH")));
+    let (status, body) = call("POST", "/v1/append".into(), Some(serde_json::json!({"records": ["x"]}))).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("UNSUPPORTED")));
+
+    let listed = eventually("the topic listed", || {
+        let call = call.clone();
+        async move {
+            let (_, body) = call("GET", "/v1/topics".into(), None).await;
+            (body["topics"].as_array()?.len() == 1).then_some(body)
+        }
+    })
+    .await;
+    assert_eq!(listed["topics"][0]["partitions"], 2);
+    let (status, image) = call("GET", "/v1/image".into(), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(image["features"]["metadata.version"], 1);
+    assert_eq!(image["brokers"][0]["listeners"][0]["security_protocol"], "PLAINTEXT");
+
+    let (status, _) = call("DELETE", "/v1/topics/orders".into(), None).await;
+    assert_eq!(status, 200);
+    let (status, _) = call("DELETE", "/v1/topics/orders".into(), None).await;
+    assert_eq!(status, 404);
+
+    server_handle.stop(true).await;
+    node.shutdown().await;
+}
