@@ -30,6 +30,7 @@ use tracing::{error, info, warn};
 
 pub use crate::actors::controller::{Answer, Operation};
 use crate::actors::controller::{Controller, Operate};
+use crate::actors::controller_client::{ControllerClient, Forward};
 use crate::actors::fetch_purgatory::{FetchPurgatory, GetCommitStats, StopPurgatory};
 use crate::actors::log_appender::{LogAppender, StorageEvent, StorageWorker};
 use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
@@ -97,6 +98,9 @@ struct HandleInner {
     metadata: Option<MetadataPublisher>,
     /// The controller of a voter in `"metadata"` mode.
     controller: Option<Addr<Controller>>,
+    /// How this node reaches the active controller (`"metadata"` mode).
+    controller_client: Option<Addr<ControllerClient>>,
+    request_timeout_ms: u64,
     /// Becomes true once every actor, the raft listener and the storage
     /// thread have stopped.
     stopped: watch::Receiver<bool>,
@@ -389,6 +393,10 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         }
         _ => None,
     };
+    let request_timeout_ms = config.quorum.request_timeout_ms;
+    let controller_client = metadata.as_ref().map(|_| {
+        ControllerClient::create(|ctx| ControllerClient::new(connect(ctx.address().recipient()), request_timeout_ms))
+    });
     let requests = connect(quorum.clone().recipient());
     let forward_requests = connect(quorum.clone().recipient());
 
@@ -413,6 +421,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         listeners: listeners.clone(),
         snapshots,
         state_machine,
+        controller: controller.clone().map(Addr::recipient),
         on_stopped,
     };
     quorum_ctx.run(QuorumState::new(cluster_id, engine, peers));
@@ -437,6 +446,8 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
             listeners,
             metadata,
             controller,
+            controller_client,
+            request_timeout_ms,
             stopped,
         }),
     }
@@ -698,24 +709,58 @@ impl NodeHandle {
         }
     }
 
-    /// Runs a controller operation: on the active controller it resolves
-    /// once the operation's records are committed; elsewhere it is
-    /// NOT_CONTROLLER naming the leader this node knows.
+    /// Runs a controller operation and resolves once its records are
+    /// committed. On a node that is not the active controller (a follower,
+    /// a broker) the operation is forwarded to the one that is, and the
+    /// answer waits until this node's own image reflects it (at most a
+    /// request timeout longer), so that what follows reads its result here.
+    /// NOT_CONTROLLER when no active controller is known.
     pub async fn operate(&self, operation: Operation) -> Result<Answer, ControllerError> {
-        let Some(controller) = &self.inner.controller else {
-            let leader_id = self.describe().await.ok().and_then(|s| s.leader_id);
-            return Err(ControllerError::NotController {
-                leader_id,
-                message: match self.inner.metadata {
-                    Some(_) => "this node is not a controller".to_string(),
-                    None => "this node keeps no metadata (node.state_machine is not \"metadata\")".to_string(),
-                },
-            });
+        let (Some(publisher), Some(client)) = (&self.inner.metadata, &self.inner.controller_client) else {
+            return Err(ControllerError::InvalidRequest(
+                "this node keeps no metadata (node.state_machine is not \"metadata\")".to_string(),
+            ));
         };
-        match controller.send(Operate(operation)).await {
-            Ok(result) => result,
-            Err(e) => Err(ControllerError::Unavailable(format!("the node is stopped ({e})"))),
-        }
+        let leader = match &self.inner.controller {
+            Some(controller) => match controller.send(Operate(operation.clone())).await {
+                Ok(Err(ControllerError::NotController {
+                    leader_id: Some(leader),
+                    ..
+                })) if leader != self.inner.node_id => leader,
+                Ok(result) => return result,
+                Err(e) => return Err(ControllerError::Unavailable(format!("the node is stopped ({e})"))),
+            },
+            None => match self.describe().await.ok().and_then(|s| s.leader_id) {
+                Some(leader) => leader,
+                None => {
+                    return Err(ControllerError::NotController {
+                        leader_id: None,
+                        message: "no active controller is known yet; retry".to_string(),
+                    })
+                }
+            },
+        };
+        let forwarded = client
+            .send(Forward { to: leader, operation })
+            .await
+            .map_err(|e| ControllerError::Unavailable(format!("the node is stopped ({e})")))??;
+        let mut images = publisher.watch();
+        let wait = Duration::from_millis(self.inner.request_timeout_ms);
+        let caught_up = tokio::time::timeout(wait, images.wait_for(|image| image.offset >= forwarded.offset)).await;
+        let image = match caught_up {
+            Ok(Ok(image)) => image.clone(),
+            _ => {
+                return Err(ControllerError::Unavailable(format!(
+                    "the operation committed at offset {}, which this node has not replayed within {wait:?}",
+                    forwarded.offset
+                )))
+            }
+        };
+        Ok(Answer {
+            image,
+            broker_epoch: forwarded.broker_epoch,
+            heartbeat: forwarded.heartbeat,
+        })
     }
 
     /// Writes a snapshot now at the committed (and locally flushed) end of

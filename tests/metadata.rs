@@ -211,31 +211,24 @@ async fn every_node_replays_the_same_image_and_a_new_controller_carries_on() {
     for (i, dir) in dirs.iter().enumerate() {
         nodes.push(node::start(config(i as NodeId + 1, &ports, dir.path())).await.unwrap());
     }
-    // Whichever node is active answers; the others say who is.
-    let leader = eventually("an active controller", || async {
-        for (i, node) in nodes.iter().enumerate() {
-            if node
-                .operate(Operation::RegisterBroker(registration(100 + i as i32)))
-                .await
-                .is_ok()
-            {
-                return Some(i);
-            }
-        }
-        None
+    // Every node takes operations: a follower forwards them to the active
+    // controller and answers once its own image shows the result.
+    eventually("an active controller", || async {
+        nodes[0]
+            .operate(Operation::RegisterBroker(registration(100)))
+            .await
+            .ok()
     })
     .await;
-    for (i, node) in nodes.iter().enumerate() {
-        if i != leader {
-            match node.operate(new_topic("x", 1)).await {
-                Err(ControllerError::NotController { leader_id, .. }) => {
-                    assert_eq!(leader_id, Some(leader as NodeId + 1));
-                }
-                other => panic!("a write to a follower's controller: {other:?}"),
-            }
-        }
-    }
-    unfenced_broker(&nodes[leader], 7).await;
+    let leader = nodes[0].describe().await.unwrap().leader_id.unwrap() as usize - 1;
+    let follower = (leader + 1) % 3;
+    unfenced_broker(&nodes[follower], 7).await;
+    let created = nodes[follower].operate(new_topic("forwarded", 1)).await.unwrap();
+    assert!(
+        created.image.topic("forwarded").is_some(),
+        "the follower's answer comes with its own image, which has the topic"
+    );
+    assert!(nodes[follower].metadata_image().unwrap().topic("forwarded").is_some());
     let created = nodes[leader].operate(new_topic("orders", 2)).await.unwrap();
     let offset = created.image.offset;
     let images: Vec<MetadataImage> = {
@@ -318,7 +311,7 @@ async fn the_http_resources_create_and_show_topics_with_kafkas_error_names() {
     assert_eq!(status, 200, "{body}");
     let epoch = body["epoch"].as_i64().unwrap();
     eventually("the broker unfenced over HTTP", || {
-        let call = call.clone();
+        let call = call;
         let offset = node.metadata_image().unwrap().offset;
         async move {
             let (status, body) = call(
@@ -383,7 +376,7 @@ async fn the_http_resources_create_and_show_topics_with_kafkas_error_names() {
     assert_eq!((status, body["error"].as_str()), (400, Some("UNSUPPORTED")));
 
     let listed = eventually("the topic listed", || {
-        let call = call.clone();
+        let call = call;
         async move {
             let (_, body) = call("GET", "/v1/topics".into(), None).await;
             (body["topics"].as_array()?.len() == 1).then_some(body)
@@ -395,6 +388,26 @@ async fn the_http_resources_create_and_show_topics_with_kafkas_error_names() {
     assert_eq!(status, 200);
     assert_eq!(image["features"]["metadata.version"], 1);
     assert_eq!(image["brokers"][0]["listeners"][0]["security_protocol"], "PLAINTEXT");
+
+    let (status, log) = call("GET", "/v1/log?from=0&max=1000".into(), None).await;
+    assert_eq!(status, 200);
+    let kinds: Vec<&str> = log["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"FeatureLevelRecord") && kinds.contains(&"RegisterBrokerRecord"),
+        "{kinds:?}"
+    );
+    let topic = log["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == "TopicRecord")
+        .unwrap();
+    assert_eq!(topic["record"]["name"], "orders");
 
     let (status, _) = call("DELETE", "/v1/topics/orders".into(), None).await;
     assert_eq!(status, 200);

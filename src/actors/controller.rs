@@ -40,7 +40,8 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::actors::quorum_state::{Propose, QuorumState};
-use crate::messages::actor::LeaderChanged;
+use crate::messages::actor::{ControllerInbound, LeaderChanged};
+use crate::messages::RaftResponse;
 use crate::metadata::controller::{self as ops, ControllerError, MAX_RECORDS_PER_OPERATION};
 use crate::metadata::heartbeats::Sessions;
 use crate::metadata::image::{MetadataDelta, MetadataImage};
@@ -52,7 +53,7 @@ use crate::types::{AppendError, Epoch, NodeId, Offset};
 const SESSION_CHECK_MS: u64 = 100;
 
 /// What an operation asks the controller to do.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Operation {
     RegisterBroker(ops::BrokerRegistrationRequest),
     BrokerHeartbeat {
@@ -90,6 +91,39 @@ pub struct Answer {
     pub broker_epoch: Option<i64>,
     /// A heartbeat's answer: (is_fenced, is_caught_up, should_shut_down).
     pub heartbeat: Option<(bool, bool, bool)>,
+}
+
+/// A controller's answer as it travels back to the node that forwarded the
+/// operation: the offset its image reflects once the operation committed,
+/// where that node's own image will show it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RemoteAnswer {
+    pub offset: Offset,
+    pub broker_epoch: Option<i64>,
+    pub heartbeat: Option<(bool, bool, bool)>,
+}
+
+/// The largest encoded operation a controller decodes from a peer.
+pub const MAX_OPERATION_BYTES: u64 = 16 << 20;
+
+/// An operation as a peer sends it.
+pub fn encode_operation(operation: &Operation) -> Vec<u8> {
+    crate::messages::codec::encode(operation)
+}
+
+/// A controller's answer as it is sent back.
+pub fn encode_answer(answer: &Result<RemoteAnswer, ControllerError>) -> Vec<u8> {
+    crate::messages::codec::encode(answer)
+}
+
+/// A controller's answer as it arrived.
+pub fn decode_answer(bytes: &[u8]) -> Result<RemoteAnswer, ControllerError> {
+    crate::messages::codec::decode_bounded::<Result<RemoteAnswer, ControllerError>>(bytes, MAX_OPERATION_BYTES)
+        .unwrap_or_else(|e| {
+            Err(ControllerError::Unavailable(format!(
+                "the controller's answer does not decode: {e}"
+            )))
+        })
 }
 
 /// Runs an operation on the active controller.
@@ -498,6 +532,37 @@ impl Handler<LeaderChanged> for Controller {
         } else {
             self.deactivate();
         }
+    }
+}
+
+impl Handler<ControllerInbound> for Controller {
+    type Result = ();
+
+    fn handle(&mut self, msg: ControllerInbound, ctx: &mut Self::Context) {
+        let operation = match crate::messages::codec::decode_bounded::<Operation>(&msg.bytes, MAX_OPERATION_BYTES) {
+            Ok(operation) => operation,
+            Err(e) => {
+                warn!(from = msg.from, "a forwarded controller operation does not decode: {e}");
+                let refused = Err(ControllerError::InvalidRequest(format!(
+                    "the operation does not decode: {e}"
+                )));
+                let _ = msg.reply.send(RaftResponse::Controller(encode_answer(&refused)));
+                return;
+            }
+        };
+        let answered = <Self as Handler<Operate>>::handle(self, Operate(operation), ctx);
+        let reply = msg.reply;
+        ctx.spawn(
+            async move {
+                let answer = answered.await.map(|answer| RemoteAnswer {
+                    offset: answer.image.offset,
+                    broker_epoch: answer.broker_epoch,
+                    heartbeat: answer.heartbeat,
+                });
+                let _ = reply.send(RaftResponse::Controller(encode_answer(&answer)));
+            }
+            .into_actor(self),
+        );
     }
 }
 

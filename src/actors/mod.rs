@@ -2,6 +2,7 @@
 //! kind of I/O (docs/ARCHITECTURE.md, "Actors and threads").
 
 pub mod controller;
+pub mod controller_client;
 pub mod fetch_purgatory;
 pub mod log_appender;
 pub mod metadata_listeners;

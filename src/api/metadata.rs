@@ -27,10 +27,14 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::{ApiError, NodeApi};
+use crate::messages::Record;
 use crate::metadata::controller::{BrokerRegistrationRequest, ConfigChange, ControllerError, NewTopic, TopicLayout};
 use crate::metadata::image::{BrokerRegistration, MetadataImage, TopicImage};
-use crate::metadata::records::{BrokerEndpoint, BrokerId, CONFIG_RESOURCE_BROKER, CONFIG_RESOURCE_TOPIC};
+use crate::metadata::records::{
+    BrokerEndpoint, BrokerId, MetadataRecord, CONFIG_RESOURCE_BROKER, CONFIG_RESOURCE_TOPIC,
+};
 use crate::node::Operation;
+use crate::node::RecordPage;
 
 /// Kafka's SecurityProtocol names, by id.
 const SECURITY_PROTOCOLS: [&str; 4] = ["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"];
@@ -97,6 +101,40 @@ fn configs_of(image: &MetadataImage, resource_type: i8, name: &str) -> Value {
         .map(|(_, keys)| keys.iter().map(|(k, v)| (k.clone(), json!(v))).collect())
         .unwrap_or_default();
     json!({ "offset": image.offset, "configs": configs })
+}
+
+/// A page of the log of a metadata node: each data record decoded, its
+/// `kind` the record type's name (`TopicRecord`) and `record` its fields.
+pub(super) fn log_page(page: RecordPage) -> Value {
+    let records: Vec<Value> = page
+        .records
+        .iter()
+        .map(|committed| {
+            let mut entry = json!({
+                "offset": committed.offset,
+                "epoch": committed.epoch,
+                "kind": committed.record.kind(),
+            });
+            if let Record::Data(bytes) = &committed.record {
+                match MetadataRecord::decode(bytes) {
+                    Ok(record) => {
+                        entry["kind"] = json!(format!("{}Record", record.name()));
+                        entry["record"] = record.fields_json();
+                    }
+                    Err(e) => {
+                        entry["kind"] = json!("undecodable");
+                        entry["error"] = json!(e.to_string());
+                    }
+                }
+            }
+            entry
+        })
+        .collect();
+    json!({
+        "high_watermark": page.high_watermark,
+        "log_start_offset": page.log_start_offset,
+        "records": records,
+    })
 }
 
 pub(super) async fn image<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {

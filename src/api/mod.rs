@@ -506,8 +506,11 @@ async fn log<N: NodeApi>(node: web::Data<N>, params: web::Query<LogParams>) -> R
             }
         },
     };
-    let page = LogPage::from(node.read_records(from, max).await?);
-    Ok(HttpResponse::Ok().json(page))
+    let page = node.read_records(from, max).await?;
+    if node.metadata_image().is_some() {
+        return Ok(HttpResponse::Ok().json(metadata::log_page(page)));
+    }
+    Ok(HttpResponse::Ok().json(LogPage::from(page)))
 }
 
 async fn healthz<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {

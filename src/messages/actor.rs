@@ -32,6 +32,16 @@ pub struct InboundRequest {
     pub reply: tokio::sync::oneshot::Sender<RaftResponse>,
 }
 
+/// A [`RaftRequest::Controller`] a peer sent, for this node's controller;
+/// its answer goes down `reply` as a `RaftResponse::Controller`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ControllerInbound {
+    pub from: NodeId,
+    pub bytes: Vec<u8>,
+    pub reply: tokio::sync::oneshot::Sender<RaftResponse>,
+}
+
 /// Asks the RequestManager to send `request` to voter `to`.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]

@@ -219,6 +219,9 @@ pub enum RaftRequest {
     Append(AppendRequest),
     // New variants go last: bincode numbers them in order.
     AppendMany(AppendManyRequest),
+    /// An operation for the active controller (metadata mode), forwarded
+    /// by a node that is not it: opaque here, encoded by the metadata layer.
+    Controller(#[serde(with = "serde_bytes")] Vec<u8>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,6 +238,9 @@ pub enum RaftResponse {
     Error(ErrorCode),
     /// One outcome per group of an [`AppendManyRequest`], in its order.
     AppendMany(Vec<AppendResponse>),
+    /// The controller's answer to a [`RaftRequest::Controller`], encoded by
+    /// the metadata layer.
+    Controller(#[serde(with = "serde_bytes")] Vec<u8>),
 }
 
 impl RaftRequest {
@@ -249,6 +255,7 @@ impl RaftRequest {
             RaftRequest::DescribeQuorum => "DescribeQuorum",
             RaftRequest::Append(_) => "Append",
             RaftRequest::AppendMany(_) => "AppendMany",
+            RaftRequest::Controller(_) => "Controller",
         }
     }
 }

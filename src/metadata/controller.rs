@@ -27,7 +27,7 @@ pub const METADATA_VERSION: &str = "metadata.version";
 pub const METADATA_VERSION_LEVEL: i16 = 1;
 
 /// Why an operation was refused, with Kafka's error names.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ControllerError {
     #[error("TOPIC_ALREADY_EXISTS: {0}")]
     TopicAlreadyExists(String),
@@ -122,7 +122,7 @@ pub fn bootstrap(image: &MetadataImage) -> Vec<MetadataRecord> {
 }
 
 /// A broker's registration request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BrokerRegistrationRequest {
     pub broker_id: BrokerId,
     pub incarnation_id: Uuid,
@@ -277,14 +277,14 @@ pub fn unfence_broker(image: &MetadataImage, id: BrokerId) -> Vec<MetadataRecord
 
 /// A topic to create: counts (placed by the controller) or explicit
 /// assignments, and configs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NewTopic {
     pub name: String,
     pub layout: TopicLayout,
     pub configs: BTreeMap<String, String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum TopicLayout {
     Counts { partitions: i32, replication_factor: i16 },
     Assignments(Vec<Vec<BrokerId>>),
@@ -387,7 +387,7 @@ pub fn create_partitions(
 }
 
 /// A config change on one resource: keys to set, keys to delete.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ConfigChange {
     pub set: BTreeMap<String, String>,
     pub delete: Vec<String>,

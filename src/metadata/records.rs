@@ -54,6 +54,13 @@ macro_rules! metadata_records {
                 }
             }
 
+            /// The record's fields as JSON (`GET /v1/log` in metadata mode).
+            pub fn fields_json(&self) -> serde_json::Value {
+                match self {
+                    $(MetadataRecord::$variant(r) => serde_json::to_value(r).unwrap_or(serde_json::Value::Null),)*
+                }
+            }
+
             fn encode_body(&self) -> Vec<u8> {
                 match self {
                     $(MetadataRecord::$variant(r) => encode(r),)*

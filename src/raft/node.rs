@@ -406,7 +406,7 @@ impl RaftNode {
             }
             RaftRequest::FetchSnapshot(req) => self.handle_fetch_snapshot_request(from, request_id, req),
             // Appends are answered by the shell, never by the protocol.
-            RaftRequest::Append(_) | RaftRequest::AppendMany(_) => {
+            RaftRequest::Append(_) | RaftRequest::AppendMany(_) | RaftRequest::Controller(_) => {
                 self.respond(from, request_id, RaftResponse::Error(ErrorCode::InvalidRequest));
             }
         }
@@ -438,7 +438,8 @@ impl RaftNode {
             | RaftResponse::DescribeQuorum(_)
             | RaftResponse::FetchSnapshot(_)
             | RaftResponse::Append(_)
-            | RaftResponse::AppendMany(_) => {
+            | RaftResponse::AppendMany(_)
+            | RaftResponse::Controller(_) => {
                 self.note_request_failed(sent);
             }
         }

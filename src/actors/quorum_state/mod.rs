@@ -53,7 +53,7 @@ use crate::actors::fetch_purgatory::{self, FetchPurgatory, HighWatermarkAdvanced
 use crate::actors::log_appender::{LogAppender, ReadResult, StorageEvent};
 use crate::actors::metadata_listeners::{CommittedUpTo, ListenersRoleUpdate, LogBounds, MetadataListeners};
 use crate::actors::state_machine::TakeSnapshot;
-use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
+use crate::messages::actor::{ControllerInbound, InboundRequest, RequestOutcome, SendRequest};
 use crate::messages::records::{CommittedRecord, RecordPage};
 use crate::messages::{
     AppendRequest, AppendResponse, Batch, ErrorCode, FetchResponse, RaftRequest, RaftResponse, Record,
@@ -199,6 +199,9 @@ pub struct QuorumPeers {
     /// The state machine whose state the snapshots hold; None: they hold
     /// the log's records (`node.state_machine = "log"`).
     pub state_machine: Option<Recipient<TakeSnapshot>>,
+    /// Where operations forwarded to this node's controller go (a voter in
+    /// metadata mode).
+    pub controller: Option<Recipient<ControllerInbound>>,
     /// Told once, when the actor stops.
     pub on_stopped: oneshot::Sender<StopReason>,
 }
@@ -274,6 +277,8 @@ pub struct QuorumState {
     snapshots: SnapshotPolicy,
     /// See [`QuorumPeers::state_machine`].
     state_machine: Option<Recipient<TakeSnapshot>>,
+    /// See [`QuorumPeers::controller`].
+    controller: Option<Recipient<ControllerInbound>>,
     /// A snapshot is being written (one at a time).
     snapshotting: bool,
     /// The newest batches sent to storage, for fetch reads at the log end.
@@ -322,6 +327,7 @@ impl QuorumState {
             on_stopped: Some(peers.on_stopped),
             snapshots: peers.snapshots,
             state_machine: peers.state_machine,
+            controller: peers.controller,
             snapshotting: false,
             tail: TailCache::new(TAIL_CACHE_BYTES),
             chunk_unwritten: false,
@@ -731,6 +737,17 @@ impl Handler<InboundRequest> for QuorumState {
                 let answer = move |answers| drop(reply.send(RaftResponse::AppendMany(answers)));
                 self.handle_forwarded_appends(now, request.groups, answer, ctx)
             }
+            RaftRequest::Controller(bytes) => match &self.controller {
+                // The controller answers on the reply itself.
+                Some(controller) if controller.connected() => controller.do_send(ControllerInbound {
+                    from: msg.from,
+                    bytes,
+                    reply: msg.reply,
+                }),
+                _ => {
+                    let _ = msg.reply.send(RaftResponse::Error(ErrorCode::NotLeaderOrFollower));
+                }
+            },
             RaftRequest::Append(request) => {
                 let reply = msg.reply;
                 let answer = move |mut answers: Vec<AppendResponse>| {
@@ -978,6 +995,7 @@ mod snapshot_fetch_tests {
                 listeners: MetadataListeners::new(OBSERVER, appender.clone(), 0, false, None).start(),
                 snapshots: SnapshotPolicy::new(defaults.snapshot_settings(), Vec::new(), 0, 0),
                 state_machine: None,
+                controller: None,
                 on_stopped,
             };
             let quorum = QuorumState::new("held-chunk".to_string(), engine, peers).start();

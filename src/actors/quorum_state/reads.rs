@@ -18,8 +18,12 @@ impl Handler<ReadCommitted> for QuorumState {
         let high_watermark = self.executed_high_watermark;
         let log_start_offset = self.node.log().start_offset();
         // Below the log start the records come from the newest snapshot,
-        // which holds every one of them.
-        let from = msg.from.max(0);
+        // which holds every one of them; unless it holds a state machine's
+        // state: then the log is read from its start.
+        let from = match self.state_machine {
+            Some(_) => msg.from.max(log_start_offset),
+            None => msg.from.max(0),
+        };
         let max = msg.max.min(READ_COMMITTED_MAX_RECORDS);
         let empty = RecordPage {
             high_watermark,
