@@ -447,6 +447,7 @@ impl Harness {
                 position: f.large,
                 max_bytes: f.small as u32,
             }),
+            _ if f.flag && f.other_flag => RaftRequest::Controller(vec![1u8; 5]),
             _ if f.flag => RaftRequest::DescribeQuorum,
             _ if f.other_flag => RaftRequest::AppendMany(AppendManyRequest {
                 groups: vec![AppendRequest {
@@ -476,7 +477,7 @@ impl Harness {
     fn response(&self, variant: u8, f: &Fields, request: Option<&RaftRequest>) -> RaftResponse {
         let epoch = self.epoch(f.epoch, self.node.log().end_offset());
         let leader_id = self.leader(f.leader);
-        match variant % 9 {
+        match variant % 10 {
             0 => RaftResponse::Vote(VoteResponse {
                 error: f.error,
                 epoch,
@@ -520,6 +521,7 @@ impl Harness {
             5 => RaftResponse::DescribeQuorum(self.node.describe(self.now)),
             6 => RaftResponse::Append(AppendResponse::NotLeader { leader_id }),
             7 => RaftResponse::AppendMany(vec![AppendResponse::NotLeader { leader_id }]),
+            8 => RaftResponse::Controller(vec![0u8; f.small as usize % 7]),
             _ => RaftResponse::Error(f.error),
         }
     }
@@ -600,6 +602,7 @@ impl Harness {
                     (true, RaftRequest::DescribeQuorum) => 5,
                     (true, RaftRequest::Append(_)) => 6,
                     (true, RaftRequest::AppendMany(_)) => 7,
+                    (true, RaftRequest::Controller(_)) => 8,
                 };
                 let response = self.response(variant, fields, Some(&request));
                 let from = if *misdirected { fields.node } else { to };

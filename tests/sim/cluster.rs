@@ -1238,7 +1238,10 @@ impl Sim {
             RaftRequest::EndQuorumEpoch(r) => (r.epoch, current),
             RaftRequest::Fetch(r) => (r.current_epoch, current),
             RaftRequest::FetchSnapshot(r) => (r.current_epoch, current),
-            RaftRequest::DescribeQuorum | RaftRequest::Append(_) | RaftRequest::AppendMany(_) => return Ok(()),
+            RaftRequest::DescribeQuorum
+            | RaftRequest::Append(_)
+            | RaftRequest::AppendMany(_)
+            | RaftRequest::Controller(_) => return Ok(()),
         };
         if i64::from(named) != expected {
             return Err(violation(

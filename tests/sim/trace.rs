@@ -116,6 +116,10 @@ impl Trace {
                 self.tag(8);
                 self.u64(r.groups.len() as u64);
             }
+            RaftRequest::Controller(bytes) => {
+                self.tag(9);
+                self.u64(bytes.len() as u64);
+            }
         }
     }
 
@@ -160,6 +164,7 @@ impl Trace {
             }
             RaftResponse::Append(_) => self.tag(16),
             RaftResponse::AppendMany(_) => self.tag(18),
+            RaftResponse::Controller(_) => self.tag(19),
             RaftResponse::Error(e) => {
                 self.tag(17);
                 self.tag(*e as u8);
