@@ -203,6 +203,9 @@ pub struct ListenersConfig {
     /// Worker threads serving the HTTP API, 0..=[`MAX_HTTP_WORKERS`];
     /// 0 (the default) serves it on the node's own thread.
     pub http_workers: usize,
+    /// What a broker registers as its listeners; empty (the default):
+    /// `PLAINTEXT://` at the HTTP listener's address.
+    pub advertised: Vec<AdvertisedListener>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -229,6 +232,17 @@ pub struct BrokerConfig {
     /// Less than `session_timeout_ms`.
     pub heartbeat_interval_ms: u64,
     pub session_timeout_ms: u64,
+    /// The rack a broker registers with (Kafka's `broker.rack`).
+    pub rack: Option<String>,
+}
+
+/// A listener a broker advertises: `name://host:port` (Kafka's
+/// `advertised.listeners`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdvertisedListener {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -268,6 +282,7 @@ impl Default for Config {
                 client: None,
                 max_frame_bytes: MAX_FRAME_BYTES,
                 http_workers: HTTP_WORKERS,
+                advertised: Vec::new(),
             },
             quorum: QuorumConfig {
                 voters: VOTERS
@@ -287,6 +302,7 @@ impl Default for Config {
             broker: BrokerConfig {
                 heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
                 session_timeout_ms: SESSION_TIMEOUT_MS,
+                rack: None,
             },
             log: LogConfig {
                 max_batch_bytes: MAX_BATCH_BYTES as usize,
@@ -494,6 +510,7 @@ struct RawListeners {
     client: Option<Value>,
     max_frame_bytes: Option<Value>,
     http_workers: Option<Value>,
+    advertised: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -519,6 +536,7 @@ struct RawMetadata {
 struct RawBroker {
     heartbeat_interval_ms: Option<Value>,
     session_timeout_ms: Option<Value>,
+    rack: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -686,6 +704,25 @@ mod keys {
 }
 
 const NODE_ID_EXPECTED: &str = "a non-negative integer (node id)";
+const ADVERTISED_EXPECTED: &str =
+    "a list of distinct listeners NAME://host:port, e.g. [\"PLAINTEXT://localhost:9092\"] (NAME of [A-Z0-9_])";
+const RACK_EXPECTED: &str = "a rack name of at most 255 characters, or \"\" for none";
+
+/// `NAME://host:port`, NAME of `[A-Za-z0-9_]`, host non-empty.
+fn parse_advertised(entry: &str) -> Option<AdvertisedListener> {
+    let (name, address) = entry.split_once("://")?;
+    let (host, port) = address.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let well_formed =
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !host.is_empty();
+    let port: u16 = port.parse().ok()?;
+    well_formed.then(|| AdvertisedListener {
+        name: name.to_ascii_uppercase(),
+        host: host.to_string(),
+        port,
+    })
+}
+
 const STATE_MACHINE_EXPECTED: &str = "\"metadata\" (the metadata image) or \"log\" (a replicated log of raw records)";
 const ROLES_EXPECTED: &str =
     "a non-empty list of distinct roles from \"controller\", \"broker\", e.g. [\"controller\"]";
@@ -1025,6 +1062,11 @@ impl Ctx<'_> {
             )? as usize,
         };
 
+        let advertised = match raw.listeners.advertised {
+            None => Vec::new(),
+            Some(v) => self.advertised(&v)?,
+        };
+
         // [quorum]
         let voters_value = raw
             .quorum
@@ -1092,9 +1134,21 @@ impl Ctx<'_> {
             };
             return Err(self.invalid(key, &value, expected));
         }
+        let rack = match raw.broker.rack {
+            None => None,
+            Some(v) => {
+                let rack = self.string("broker.rack", &v, RACK_EXPECTED)?;
+                match rack.trim() {
+                    "" => None,
+                    rack if rack.len() > 255 => return Err(self.invalid("broker.rack", &v, RACK_EXPECTED)),
+                    rack => Some(rack.to_string()),
+                }
+            }
+        };
         let broker = BrokerConfig {
             heartbeat_interval_ms,
             session_timeout_ms,
+            rack,
         };
 
         // [log]
@@ -1133,6 +1187,7 @@ impl Ctx<'_> {
                 client,
                 max_frame_bytes,
                 http_workers,
+                advertised,
             },
             quorum,
             metadata,
@@ -1140,6 +1195,22 @@ impl Ctx<'_> {
             log,
             snapshot,
         })
+    }
+
+    fn advertised(&self, value: &Value) -> Result<Vec<AdvertisedListener>, ConfigError> {
+        let mut listeners: Vec<AdvertisedListener> = Vec::new();
+        for entry in self.string_list("listeners.advertised", value, ADVERTISED_EXPECTED)? {
+            if entry.is_empty() {
+                continue;
+            }
+            let listener = parse_advertised(&entry)
+                .ok_or_else(|| self.invalid("listeners.advertised", value, ADVERTISED_EXPECTED))?;
+            if listeners.iter().any(|l| l.name == listener.name) {
+                return Err(self.invalid("listeners.advertised", value, ADVERTISED_EXPECTED));
+            }
+            listeners.push(listener);
+        }
+        Ok(listeners)
     }
 
     fn roles(&self, value: &Value) -> Result<Vec<NodeRole>, ConfigError> {

@@ -2,6 +2,7 @@
 
 pub mod actors;
 pub mod api;
+mod broker;
 pub mod client;
 pub mod config;
 pub mod messages;

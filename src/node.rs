@@ -43,6 +43,7 @@ use crate::actors::request_manager::RequestManager;
 pub use crate::actors::state_machine::StateMachine;
 use crate::actors::state_machine::StateMachineRunner;
 use crate::actors::transport::{self, RaftServer};
+use crate::broker::BrokerSide;
 use crate::config::{Config, StateMachineKind};
 pub use crate::messages::actor::{Committed, LeaderChanged, Listener};
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
@@ -101,6 +102,8 @@ struct HandleInner {
     /// How this node reaches the active controller (`"metadata"` mode).
     controller_client: Option<Addr<ControllerClient>>,
     request_timeout_ms: u64,
+    /// The broker side of a node whose roles hold "broker" (metadata mode).
+    broker: Option<Arc<BrokerSide>>,
     /// Becomes true once every actor, the raft listener and the storage
     /// thread have stopped.
     stopped: watch::Receiver<bool>,
@@ -426,6 +429,8 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
     };
     quorum_ctx.run(QuorumState::new(cluster_id, engine, peers));
 
+    let broker =
+        (metadata.is_some() && config.is_broker()).then(|| Arc::new(BrokerSide::new(config, config.listeners.http)));
     let (stopped_tx, stopped) = watch::channel(false);
     actix_rt::spawn(supervise(Supervised {
         node_id,
@@ -437,7 +442,7 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         storage_worker,
         stopped: stopped_tx,
     }));
-    NodeHandle {
+    let handle = NodeHandle {
         inner: Arc::new(HandleInner {
             node_id,
             raft_addr,
@@ -448,9 +453,14 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
             controller,
             controller_client,
             request_timeout_ms,
+            broker: broker.clone(),
             stopped,
         }),
+    };
+    if let Some(side) = broker {
+        actix_rt::spawn(crate::broker::run(handle.clone(), side));
     }
+    handle
 }
 
 /// Snapshot files at start (KIP-630). Partial transfers are removed and the
@@ -799,6 +809,11 @@ impl NodeHandle {
     /// listener closes and the storage thread flushes and exits. Returns
     /// when all of that is done; safe to call more than once.
     pub async fn shutdown(&self) {
+        if let Some(side) = &self.inner.broker {
+            if !self.is_stopped() {
+                crate::broker::controlled_shutdown(self, side).await;
+            }
+        }
         // A mailbox error means QuorumState has already stopped.
         let _ = self.inner.quorum.send(Shutdown).await;
         let mut stopped = self.inner.stopped.clone();

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
-use kraft::config::{Config, StateMachineKind};
+use kraft::config::{Config, NodeRole, StateMachineKind};
 use kraft::metadata::controller::{BrokerRegistrationRequest, ConfigChange, NewTopic, TopicLayout};
 use kraft::metadata::records::CONFIG_RESOURCE_TOPIC;
 use kraft::node::{self, AppendError, ControllerError, MetadataImage, NodeHandle, Operation};
@@ -416,4 +416,107 @@ async fn the_http_resources_create_and_show_topics_with_kafkas_error_names() {
 
     server_handle.stop(true).await;
     node.shutdown().await;
+}
+
+/// A node of `roles` in a quorum of `ports.len()` voters.
+fn config_with_roles(id: NodeId, ports: &[u16], raft_port: u16, dir: &Path, roles: &[NodeRole]) -> Config {
+    let mut config = config(1, ports, dir);
+    config.node.id = id;
+    config.node.roles = roles.to_vec();
+    config.listeners.raft = format!("127.0.0.1:{raft_port}").parse().unwrap();
+    config
+}
+
+#[actix_rt::test]
+async fn a_combined_node_registers_itself_and_holds_a_topic_of_replication_factor_one() {
+    let ports = vec![ports::free_port()];
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_with_roles(
+        1,
+        &ports,
+        ports[0],
+        dir.path(),
+        &[NodeRole::Broker, NodeRole::Controller],
+    );
+    let node = node::start(config).await.unwrap();
+    eventually("the node registered and unfenced as broker 1", || async {
+        node.metadata_image()
+            .filter(|i| i.brokers.get(&1).is_some_and(|b| !b.fenced))
+    })
+    .await;
+    let created = node.operate(new_topic("orders", 2)).await.unwrap();
+    assert!(created
+        .image
+        .topic("orders")
+        .unwrap()
+        .partitions
+        .values()
+        .all(|p| p.leader == 1));
+    node.shutdown().await;
+}
+
+#[actix_rt::test]
+async fn brokers_register_through_any_voter_and_a_stopping_broker_hands_its_leadership_over() {
+    let voter_ports: Vec<u16> = (0..3).map(|_| ports::free_port()).collect();
+    let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut voters = Vec::new();
+    for i in 0..3 {
+        voters.push(
+            node::start(config(i + 1, &voter_ports, dirs[i as usize].path()))
+                .await
+                .unwrap(),
+        );
+    }
+    let mut brokers = Vec::new();
+    for (i, id) in [4, 5].into_iter().enumerate() {
+        let config = config_with_roles(
+            id,
+            &voter_ports,
+            ports::free_port(),
+            dirs[3 + i].path(),
+            &[NodeRole::Broker],
+        );
+        brokers.push(node::start(config).await.unwrap());
+    }
+    let both = eventually("both brokers registered and unfenced", || async {
+        let image = voters[0].metadata_image()?;
+        [4, 5]
+            .iter()
+            .all(|id| image.brokers.get(id).is_some_and(|b| !b.fenced))
+            .then_some(image)
+    })
+    .await;
+    assert!(both.brokers[&4].listeners[0].name == "PLAINTEXT");
+    // A topic whose every partition has both brokers, led by broker 4.
+    let topic = Operation::CreateTopic(NewTopic {
+        name: "orders".into(),
+        layout: TopicLayout::Assignments(vec![vec![4, 5], vec![4, 5]]),
+        configs: BTreeMap::new(),
+    });
+    let created = brokers[1].operate(topic).await.unwrap();
+    assert!(created
+        .image
+        .topic("orders")
+        .unwrap()
+        .partitions
+        .values()
+        .all(|p| p.leader == 4));
+
+    // Broker 4 stops gracefully: controlled shutdown moves its leadership.
+    brokers.remove(0).shutdown().await;
+    let image = eventually("the voter to replay the controlled shutdown", || async {
+        voters[0]
+            .metadata_image()
+            .filter(|i| i.brokers.get(&4).is_some_and(|b| b.in_controlled_shutdown))
+    })
+    .await;
+    let orders = image.topic("orders").unwrap();
+    assert!(
+        orders.partitions.values().all(|p| p.leader == 5 && p.isr == vec![5]),
+        "broker 4 led nothing and was in no ISR when it stopped: {orders:?}"
+    );
+
+    for node in brokers.into_iter().chain(voters) {
+        node.shutdown().await;
+    }
 }

@@ -449,6 +449,7 @@ impl Controller {
             Operation::BrokerHeartbeat {
                 broker_id,
                 metadata_offset,
+                want_shutdown,
                 ..
             } => {
                 let Some(broker) = image.brokers.get(broker_id) else {
@@ -456,12 +457,13 @@ impl Controller {
                         "broker {broker_id} is not registered"
                     )));
                 };
-                let shutting_down = broker.in_controlled_shutdown || broker.fenced;
-                let should_shut_down = shutting_down && !ops::leads_any(image, *broker_id);
+                // A broker may stop once it asked to and leads nothing: in
+                // controlled shutdown, or fenced.
+                let asked = broker.in_controlled_shutdown || (broker.fenced && *want_shutdown);
                 answer.heartbeat = Some((
                     broker.fenced,
                     ops::caught_up(broker.epoch, *metadata_offset),
-                    should_shut_down && broker.in_controlled_shutdown,
+                    asked && !ops::leads_any(image, *broker_id),
                 ));
             }
             _ => {}
