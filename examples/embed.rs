@@ -39,6 +39,9 @@ impl Handler<LeaderChanged> for Printer {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let data_dir = tempfile::tempdir()?;
     let mut config = Config::default();
+    // A replicated log of raw records (the default is the metadata image).
+    config.node.state_machine = kraft::config::StateMachineKind::Log;
+    config.node.roles = vec![kraft::config::NodeRole::Controller];
     config.node.data_dir = data_dir.path().to_path_buf();
     // Port 0: let the OS pick; a single voter never dials itself.
     config.listeners.raft = "127.0.0.1:0".parse()?;

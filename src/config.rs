@@ -51,7 +51,9 @@ pub mod defaults {
     pub const NODE_ID: i32 = 1;
     pub const DATA_DIR: &str = "./data/node-1";
     pub const CLUSTER_ID: &str = "kraft-local";
-    pub const STATE_MACHINE: super::StateMachineKind = super::StateMachineKind::Log;
+    pub const STATE_MACHINE: super::StateMachineKind = super::StateMachineKind::Metadata;
+    /// Kafka's combined mode: a voter that also registers as a broker.
+    pub const ROLES: &[super::NodeRole] = &[super::NodeRole::Broker, super::NodeRole::Controller];
     pub const RAFT_LISTENER: &str = "127.0.0.1:9093";
     pub const HTTP_LISTENER: &str = "127.0.0.1:8080";
     pub const MAX_FRAME_BYTES: u64 = 16 * 1024 * 1024;
@@ -267,7 +269,7 @@ impl Default for Config {
         Config {
             node: NodeConfig {
                 id: NODE_ID,
-                roles: vec![NodeRole::Controller],
+                roles: ROLES.to_vec(),
                 data_dir: PathBuf::from(DATA_DIR),
                 cluster_id: CLUSTER_ID.to_string(),
                 state_machine: STATE_MACHINE,
@@ -1013,7 +1015,7 @@ impl Ctx<'_> {
             Some(v) => self.int("node.id", &v, 0, i32::MAX as i64, NODE_ID_EXPECTED)? as NodeId,
         };
         let roles = match raw.node.roles {
-            None => vec![NodeRole::Controller],
+            None => ROLES.to_vec(),
             Some(v) => self.roles(&v)?,
         };
         let data_dir = match raw.node.data_dir {

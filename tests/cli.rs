@@ -304,7 +304,7 @@ fn single_node(dir: &Path, id: i32, raft: SocketAddr) -> (PathBuf, Vec<String>) 
     let config = write_config(
         dir,
         &format!(
-            "[node]\nid = {id}\ndata_dir = {data_dir:?}\ncluster_id = \"kraft-cli-test\"\n\n\
+            "[node]\nid = {id}\ndata_dir = {data_dir:?}\ncluster_id = \"kraft-cli-test\"\nstate_machine = \"log\"\n\n\
              [quorum]\nelection_timeout_ms = 200\nfetch_timeout_ms = 400\nrequest_timeout_ms = 400\n"
         ),
     );

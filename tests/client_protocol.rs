@@ -29,6 +29,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// a second voter that never runs, so that no leader can be elected.
 fn config(dir: &std::path::Path, absent_peer: bool) -> Config {
     let mut config = Config::default();
+    config.node.state_machine = kraft::config::StateMachineKind::Log;
     let raft = ports::free_port();
     let mut voters = BTreeMap::from([(1, format!("127.0.0.1:{raft}"))]);
     if absent_peer {

@@ -31,7 +31,14 @@ fn empty_file_gives_the_documented_defaults() {
     let config = Config::from_toml_str("", &[]).unwrap();
     assert_eq!(config, Config::default());
     assert_eq!(config.node.id, 1);
-    assert_eq!(config.node.roles, vec![NodeRole::Controller]);
+    assert_eq!(
+        config.node.roles,
+        vec![NodeRole::Broker, NodeRole::Controller],
+        "combined mode"
+    );
+    assert_eq!(config.node.state_machine, kraft::config::StateMachineKind::Metadata);
+    assert_eq!(config.listeners.advertised, vec![]);
+    assert_eq!(config.broker.rack, None);
     assert_eq!(config.node.data_dir, PathBuf::from("./data/node-1"));
     assert_eq!(config.node.cluster_id, "kraft-local");
     assert_eq!(config.listeners.raft.to_string(), "127.0.0.1:9093");
@@ -57,7 +64,7 @@ fn empty_file_gives_the_documented_defaults() {
     assert_eq!(config.snapshot.max_bytes_between, 20 * 1024 * 1024);
     assert_eq!(config.snapshot.max_interval_ms, 3_600_000);
     assert!(config.is_controller());
-    assert!(!config.is_broker());
+    assert!(config.is_broker());
 }
 
 #[test]

@@ -40,6 +40,8 @@ fn free_ports(n: usize) -> Vec<u16> {
 /// short timeouts.
 fn controller_config(id: NodeId, ports: &[u16], data_dir: &Path) -> Config {
     let mut config = Config::default();
+    config.node.state_machine = kraft::config::StateMachineKind::Log;
+    config.node.roles = vec![kraft::config::NodeRole::Controller];
     let voters: BTreeMap<NodeId, String> = ports
         .iter()
         .enumerate()

@@ -89,6 +89,7 @@ fn single_node_config(data_dir: &Path) -> Config {
     // rather than asking for port 0.
     let raft = ports::free_addr();
     let mut config = Config::default();
+    config.node.state_machine = kraft::config::StateMachineKind::Log;
     config.node.id = 1;
     config.node.data_dir = data_dir.join("node-1");
     config.listeners.raft = raft;

@@ -72,6 +72,8 @@ impl Node {
             .arg("--config")
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"))
             .args(["--set", &format!("node.id={}", self.id)])
+            // These tests append raw records.
+            .args(["--set", "node.state_machine=log"])
             .args(["--set", &format!("node.data_dir={}", self.data_dir.display())])
             .args(["--set", &format!("listeners.raft=127.0.0.1:{}", self.raft_port)])
             .args(["--set", &format!("listeners.http=127.0.0.1:{}", self.http_port)])
@@ -164,6 +166,11 @@ struct Cluster {
 
 impl Cluster {
     fn start(size: i32) -> Cluster {
+        Cluster::start_with(size, &[])
+    }
+
+    /// `size` voters, each started with `--set` for every one of `sets`.
+    fn start_with(size: i32, sets: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let raft_ports: Vec<u16> = (0..size).map(|_| ports::free_port()).collect();
         let voters = format!(
@@ -186,6 +193,10 @@ impl Cluster {
             })
             .collect();
         for node in &mut nodes {
+            node.extra_args = sets
+                .iter()
+                .flat_map(|set| ["--set".to_string(), set.to_string()])
+                .collect();
             node.start();
         }
         Cluster { nodes, _dir: dir }
@@ -1182,4 +1193,194 @@ fn a_failed_fdatasync_acknowledges_nothing_and_stops_the_node() {
     cluster.wait_for_leader(epoch);
     let log = recommitted_log(&cluster, &acked);
     assert_log_holds(&log, &acked, "acknowledged append");
+}
+
+// ---------------------------------------------------------------------
+// The metadata layer on real processes
+// ---------------------------------------------------------------------
+
+/// What every node of a metadata cluster is started with.
+const METADATA_SETS: [&str; 4] = [
+    "node.state_machine=metadata",
+    "broker.heartbeat_interval_ms=300",
+    "broker.session_timeout_ms=2000",
+    "metadata.max_idle_interval_ms=200",
+];
+
+fn get_json(node: &Node, path: &str) -> Option<Value> {
+    http().get(node.url(path)).send().ok()?.json().ok()
+}
+
+/// `POST` (or `method`) a JSON body; (status, body).
+fn send_json(node: &Node, method: reqwest::Method, path: &str, body: Value) -> Option<(u16, Value)> {
+    let response = http().request(method, node.url(path)).json(&body).send().ok()?;
+    let status = response.status().as_u16();
+    Some((status, response.json().ok()?))
+}
+
+/// The brokers of `node`'s image, by id: (fenced, in_controlled_shutdown).
+fn brokers_of(node: &Node) -> BTreeMap<i64, (bool, bool)> {
+    let Some(brokers) = get_json(node, "/v1/brokers") else {
+        return BTreeMap::new();
+    };
+    brokers["brokers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| {
+            let flag = |key: &str| b[key].as_bool().unwrap_or(false);
+            (
+                b["id"].as_i64().unwrap(),
+                (flag("fenced"), flag("in_controlled_shutdown")),
+            )
+        })
+        .collect()
+}
+
+/// The partitions of `topic` as `node` shows them: (leader, isr).
+fn partitions_of(node: &Node, topic: &str) -> Vec<(i64, Vec<i64>)> {
+    let Some(topic) = get_json(node, &format!("/v1/topics/{topic}")) else {
+        return Vec::new();
+    };
+    topic["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let isr = p["isr"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r.as_i64().unwrap())
+                .collect();
+            (p["leader"].as_i64().unwrap(), isr)
+        })
+        .collect()
+}
+
+/// A node's image without the offset and epoch it reflects (NoOps move
+/// those on every node at its own pace).
+fn image_content(node: &Node) -> Option<Value> {
+    let mut image = get_json(node, "/v1/image")?;
+    let object = image.as_object_mut()?;
+    object.remove("offset");
+    object.remove("epoch");
+    // Each topic shows the offset of the image it was read from too.
+    for topic in object.get_mut("topics")?.as_array_mut()? {
+        topic.as_object_mut()?.remove("offset");
+    }
+    Some(image)
+}
+
+#[test]
+fn three_controllers_and_three_brokers_fence_fail_over_and_agree_on_the_image() {
+    let mut sets = METADATA_SETS.to_vec();
+    sets.push(r#"node.roles=["controller"]"#);
+    let mut cluster = Cluster::start_with(3, &sets);
+    let (_, epoch) = cluster.wait_for_leader(0);
+    let voters = cluster.nodes[0].voters.clone();
+    for (id, rack) in [(4, "a"), (5, "b"), (6, "c")] {
+        let mut broker = Node::new(
+            id,
+            cluster._dir.path().join(format!("node-{id}")),
+            ports::free_port(),
+            voters.clone(),
+        );
+        broker.extra_args = METADATA_SETS
+            .iter()
+            .map(|s| s.to_string())
+            .chain([
+                r#"node.roles=["broker"]"#.to_string(),
+                format!("broker.rack=rack-{rack}"),
+            ])
+            .flat_map(|set| ["--set".to_string(), set])
+            .collect();
+        broker.start();
+        cluster.nodes.push(broker);
+    }
+    wait_until("the three brokers registered and unfenced", &cluster, || {
+        let brokers = brokers_of(cluster.node_ref(1));
+        [4, 5, 6].iter().all(|id| brokers.get(id) == Some(&(false, false)))
+    });
+
+    // A topic created through a broker is placed across all three.
+    let created = send_json(
+        cluster.node_ref(5),
+        reqwest::Method::POST,
+        "/v1/topics",
+        json!({"name": "orders", "partitions": 6, "replication_factor": 3}),
+    );
+    let (status, topic) = created.unwrap_or_else(|| cluster.fail("no answer to the topic creation"));
+    assert_eq!(status, 200, "{topic}");
+    for partition in topic["partitions"].as_array().unwrap() {
+        let mut replicas: Vec<i64> = partition["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_i64().unwrap())
+            .collect();
+        replicas.sort();
+        assert_eq!(replicas, vec![4, 5, 6], "{topic}");
+    }
+
+    // kill -9 of a broker: fenced within its session, out of every ISR,
+    // leading nothing.
+    cluster.node(4).kill9();
+    wait_until("broker 4 fenced and its partitions moved", &cluster, || {
+        let fenced = brokers_of(cluster.node_ref(1)).get(&4).is_some_and(|b| b.0);
+        let partitions = partitions_of(cluster.node_ref(1), "orders");
+        fenced && partitions.len() == 6 && partitions.iter().all(|(leader, isr)| *leader != 4 && !isr.contains(&4))
+    });
+
+    // kill -9 of the active controller: the next one fences and creates.
+    let (leader, epoch) = cluster.wait_for_leader(epoch - 1);
+    cluster.node(leader as i32).kill9();
+    let (_, _) = cluster.wait_for_leader(epoch);
+    wait_until("a topic created through the new active controller", &cluster, || {
+        send_json(
+            cluster.node_ref(6),
+            reqwest::Method::POST,
+            "/v1/topics",
+            json!({"name": "payments", "partitions": 3, "replication_factor": 2}),
+        )
+        .is_some_and(|(status, _)| status == 200 || status == 409)
+    });
+    let brokers = brokers_of(cluster.node_ref(6));
+    assert_eq!(
+        brokers.get(&5),
+        Some(&(false, false)),
+        "the new controller kept broker 5's session"
+    );
+    assert!(brokers.get(&4).is_some_and(|b| b.0), "broker 4 stays fenced");
+
+    // SIGTERM of a broker: a controlled shutdown, then exit 0.
+    let status = cluster
+        .node(5)
+        .sigterm()
+        .unwrap_or_else(|| cluster.fail("broker 5 did not stop"));
+    assert!(status.success(), "broker 5 exited with {status}");
+    let survivor = cluster
+        .nodes
+        .iter()
+        .find(|n| n.child.is_some() && n.id <= 3)
+        .unwrap()
+        .id;
+    wait_until("broker 5 in controlled shutdown, leading nothing", &cluster, || {
+        let shutting = brokers_of(cluster.node_ref(survivor)).get(&5).is_some_and(|b| b.1);
+        shutting
+            && partitions_of(cluster.node_ref(survivor), "orders")
+                .iter()
+                .all(|(leader, _)| *leader != 5)
+    });
+
+    // Every running node holds the same image.
+    wait_until("every running node's image to agree", &cluster, || {
+        let images: Vec<Option<Value>> = cluster
+            .nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(image_content)
+            .collect();
+        images[0].is_some() && images.iter().all(|i| *i == images[0])
+    });
 }

@@ -87,6 +87,8 @@ impl EmbeddedCluster {
         let mut arbiters = Vec::new();
         for (i, port) in ports.iter().enumerate() {
             let mut config = Config::default();
+            config.node.state_machine = kraft::config::StateMachineKind::Log;
+            config.node.roles = vec![kraft::config::NodeRole::Controller];
             config.node.id = i as NodeId + 1;
             config.node.cluster_id = cluster_id.clone();
             config.node.data_dir = dir.path().join(format!("node-{}", i + 1));

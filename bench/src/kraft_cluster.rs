@@ -355,6 +355,7 @@ pub fn node_config(
 [node]
 id = {id}
 roles = ["{role}"]
+state_machine = "log"
 data_dir = "{data_dir}"
 cluster_id = "{cluster_id}"
 

@@ -306,6 +306,8 @@ struct World {
 
 pub fn node_config(id: NodeId, voters: &BTreeMap<NodeId, String>, observer: bool) -> Config {
     let mut config = Config::default();
+    config.node.state_machine = kraft::config::StateMachineKind::Log;
+    config.node.roles = vec![kraft::config::NodeRole::Controller];
     config.node.id = id;
     config.node.cluster_id = "actor-sim".to_string();
     if observer {
