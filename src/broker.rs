@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
-use uuid::Uuid;
 
 use crate::config::Config;
 use crate::metadata::controller::{BrokerRegistrationRequest, ControllerError};
@@ -38,7 +37,8 @@ pub(crate) struct BrokerSide {
 }
 
 impl BrokerSide {
-    pub(crate) fn new(config: &Config, http_addr: std::net::SocketAddr) -> BrokerSide {
+    /// `seed` makes the incarnation id (a node's seed differs per start).
+    pub(crate) fn new(config: &Config, http_addr: std::net::SocketAddr, seed: u64) -> BrokerSide {
         let listeners = if config.listeners.advertised.is_empty() {
             vec![BrokerEndpoint {
                 name: "PLAINTEXT".to_string(),
@@ -65,10 +65,14 @@ impl BrokerSide {
         BrokerSide {
             registration: BrokerRegistrationRequest {
                 broker_id: config.node.id,
-                incarnation_id: Uuid::new_v4(),
+                incarnation_id: {
+                    use rand::{Rng, SeedableRng};
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+                    uuid::Builder::from_random_bytes(rng.gen()).into_uuid()
+                },
                 listeners,
                 rack: config.broker.rack.clone(),
-                features: Vec::new(),
+                features: crate::metadata::controller::supported_features(),
             },
             heartbeat_interval: Duration::from_millis(config.broker.heartbeat_interval_ms),
             session_timeout: Duration::from_millis(config.broker.session_timeout_ms),

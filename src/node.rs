@@ -390,7 +390,13 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
     // while its node leads.
     let controller = match &metadata {
         Some(publisher) if config.is_controller() => {
-            let controller = Controller::new(node_id, quorum.clone(), config.broker.session_timeout_ms).start();
+            let controller = Controller::new(
+                node_id,
+                quorum.clone(),
+                config.broker.session_timeout_ms,
+                seed ^ 0x6b72_6166_7463_726c,
+            )
+            .start();
             publisher.subscribe_with_leadership(controller.clone().recipient(), controller.clone().recipient());
             Some(controller)
         }
@@ -429,8 +435,8 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
     };
     quorum_ctx.run(QuorumState::new(cluster_id, engine, peers));
 
-    let broker =
-        (metadata.is_some() && config.is_broker()).then(|| Arc::new(BrokerSide::new(config, config.listeners.http)));
+    let broker = (metadata.is_some() && config.is_broker())
+        .then(|| Arc::new(BrokerSide::new(config, config.listeners.http, seed)));
     let (stopped_tx, stopped) = watch::channel(false);
     actix_rt::spawn(supervise(Supervised {
         node_id,
@@ -770,6 +776,7 @@ impl NodeHandle {
             image,
             broker_epoch: forwarded.broker_epoch,
             heartbeat: forwarded.heartbeat,
+            refusals: forwarded.refusals,
         })
     }
 

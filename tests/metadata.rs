@@ -78,7 +78,7 @@ fn registration(id: i32) -> BrokerRegistrationRequest {
         incarnation_id: Uuid::new_v4(),
         listeners: Vec::new(),
         rack: None,
-        features: Vec::new(),
+        features: kraft::metadata::controller::supported_features(),
     }
 }
 
@@ -408,6 +408,74 @@ async fn the_http_resources_create_and_show_topics_with_kafkas_error_names() {
         .find(|r| r["kind"] == "TopicRecord")
         .unwrap();
     assert_eq!(topic["record"]["name"], "orders");
+
+    // Features.
+    let (status, features) = call("GET", "/v1/features".into(), None).await;
+    assert_eq!(
+        (status, &features["features"]["metadata.version"]),
+        (200, &serde_json::json!(1))
+    );
+    let (status, body) = call(
+        "PATCH",
+        "/v1/features".into(),
+        Some(serde_json::json!({"metadata.version": 2})),
+    )
+    .await;
+    assert_eq!((status, body["error"].as_str()), (409, Some("INVALID_UPDATE_VERSION")));
+
+    // AlterPartition from a partition's leader, and a preferred election.
+    let (_, body) = call(
+        "POST",
+        "/v1/brokers".into(),
+        Some(serde_json::json!({"id": 2, "incarnation_id": Uuid::new_v4()})),
+    )
+    .await;
+    let epoch2 = body["epoch"].as_i64().unwrap();
+    eventually("broker 2 unfenced", || {
+        let offset = node.metadata_image().unwrap().offset;
+        async move {
+            let (_, body) = call(
+                "POST",
+                "/v1/brokers/2/heartbeat".into(),
+                Some(serde_json::json!({"epoch": epoch2, "metadata_offset": offset})),
+            )
+            .await;
+            (body["is_fenced"] == false).then_some(())
+        }
+    })
+    .await;
+    let (status, pairs) = call(
+        "POST",
+        "/v1/topics".into(),
+        Some(serde_json::json!({"name": "pairs", "assignments": [[1, 2]]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{pairs}");
+    let alter = |leader_epoch: i64, partition_epoch: i64| {
+        serde_json::json!({"broker_id": 1, "broker_epoch": epoch, "topics": [{"topic_id": pairs["id"],
+            "partitions": [{"partition": 0, "leader_epoch": leader_epoch, "partition_epoch": partition_epoch, "new_isr": [1]}]}]})
+    };
+    let (status, altered) = call("POST", "/v1/partitions/alter".into(), Some(alter(0, 0))).await;
+    assert_eq!(status, 200, "{altered}");
+    let result = &altered["topics"][0]["partitions"][0];
+    assert_eq!(
+        (result["error"].clone(), result["isr"].clone()),
+        (Value::Null, serde_json::json!([1]))
+    );
+    assert_eq!(result["partition_epoch"], 1);
+    let (_, stale) = call("POST", "/v1/partitions/alter".into(), Some(alter(0, 0))).await;
+    assert_eq!(stale["topics"][0]["partitions"][0]["error"], "INVALID_UPDATE_VERSION");
+    let (status, elected) = call(
+        "POST",
+        "/v1/partitions/elect".into(),
+        Some(serde_json::json!({"topic": "pairs", "partition": 0})),
+    )
+    .await;
+    assert_eq!(
+        (status, elected["leader"].clone()),
+        (200, serde_json::json!(1)),
+        "{elected}"
+    );
 
     let (status, _) = call("DELETE", "/v1/topics/orders".into(), None).await;
     assert_eq!(status, 200);

@@ -31,7 +31,9 @@
 //! new active controller gives every registered broker a fresh session.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use actix::prelude::*;
 use rand::rngs::SmallRng;
@@ -79,6 +81,21 @@ pub enum Operation {
         name: String,
         change: ops::ConfigChange,
     },
+    /// Finalized feature levels to set (0 removes a feature).
+    UpdateFeatures {
+        levels: std::collections::BTreeMap<String, i16>,
+    },
+    /// ISR changes from partitions' leader (AlterPartition).
+    AlterPartitions {
+        broker_id: BrokerId,
+        broker_epoch: i64,
+        changes: Vec<ops::IsrChange>,
+    },
+    /// Make a partition's preferred replica its leader.
+    ElectPreferred {
+        topic: String,
+        partition: i32,
+    },
 }
 
 /// What a committed operation answers.
@@ -91,6 +108,8 @@ pub struct Answer {
     pub broker_epoch: Option<i64>,
     /// A heartbeat's answer: (is_fenced, is_caught_up, should_shut_down).
     pub heartbeat: Option<(bool, bool, bool)>,
+    /// An AlterPartition's refusal of each change, in order (None: done).
+    pub refusals: Vec<Option<ControllerError>>,
 }
 
 /// A controller's answer as it travels back to the node that forwarded the
@@ -101,6 +120,7 @@ pub struct RemoteAnswer {
     pub offset: Offset,
     pub broker_epoch: Option<i64>,
     pub heartbeat: Option<(bool, bool, bool)>,
+    pub refusals: Vec<Option<ControllerError>>,
 }
 
 /// The largest encoded operation a controller decodes from a peer.
@@ -140,6 +160,7 @@ struct Queued {
 struct Planned {
     first_record: usize,
     records: usize,
+    refusals: Vec<Option<ControllerError>>,
     operation: Operation,
     reply: oneshot::Sender<Result<Answer, ControllerError>>,
 }
@@ -165,7 +186,8 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub fn new(node_id: NodeId, quorum: Addr<QuorumState>, session_timeout_ms: u64) -> Controller {
+    /// `seed` seeds its randomness (placement's start, topic ids).
+    pub fn new(node_id: NodeId, quorum: Addr<QuorumState>, session_timeout_ms: u64, seed: u64) -> Controller {
         Controller {
             node_id,
             quorum,
@@ -178,7 +200,7 @@ impl Controller {
             in_flight: false,
             sessions: Sessions::new(session_timeout_ms),
             started: Instant::now(),
-            rng: SmallRng::from_entropy(),
+            rng: SmallRng::seed_from_u64(seed),
         }
     }
 
@@ -241,8 +263,8 @@ impl Controller {
         while let Some(queued) = self.queue.pop_front() {
             let planned_image = scratch.image().clone();
             let plan = self.plan(&planned_image, &queued.operation, now);
-            let op_records = match plan {
-                Ok(op_records) => op_records,
+            let (op_records, refusals) = match plan {
+                Ok(plan) => plan,
                 Err(e) => {
                     let _ = queued.reply.send(Err(e));
                     continue;
@@ -252,7 +274,7 @@ impl Controller {
                 // Nothing to write: answered from the image as it stands
                 // (after the records planned before it commit, if any).
                 if records.is_empty() {
-                    let answer = self.answer(&queued.operation, &planned_image, None);
+                    let answer = self.answer(&queued.operation, &planned_image, None, refusals);
                     let _ = queued.reply.send(answer);
                     continue;
                 }
@@ -288,6 +310,7 @@ impl Controller {
             planned.push(Planned {
                 first_record: records.len(),
                 records: op_records.len(),
+                refusals,
                 operation: queued.operation,
                 reply: queued.reply,
             });
@@ -360,13 +383,31 @@ impl Controller {
             if let Operation::RegisterBroker(request) = &p.operation {
                 self.sessions.touch(request.broker_id, now);
             }
-            let answer = self.answer(&p.operation, &self.image, base);
+            let answer = self.answer(&p.operation, &self.image, base, p.refusals);
             let _ = p.reply.send(answer);
         }
     }
 
     /// The records `operation` takes on `image`.
     fn plan(
+        &mut self,
+        image: &MetadataImage,
+        operation: &Operation,
+        now: u64,
+    ) -> Result<(Vec<MetadataRecord>, Vec<Option<ControllerError>>), ControllerError> {
+        if let Operation::AlterPartitions {
+            broker_id,
+            broker_epoch,
+            changes,
+        } = operation
+        {
+            return ops::alter_partitions(image, *broker_id, *broker_epoch, changes);
+        }
+        self.plan_records(image, operation, now)
+            .map(|records| (records, Vec::new()))
+    }
+
+    fn plan_records(
         &mut self,
         image: &MetadataImage,
         operation: &Operation,
@@ -425,6 +466,11 @@ impl Controller {
                 name,
                 change,
             } => ops::alter_configs(image, *resource_type, name, change),
+            Operation::UpdateFeatures { levels } => ops::update_features(image, levels),
+            Operation::ElectPreferred { topic, partition } => {
+                Ok(ops::elect_preferred(image, topic, *partition)?.into_iter().collect())
+            }
+            Operation::AlterPartitions { .. } => unreachable!("planned by plan"),
         }
     }
 
@@ -435,11 +481,13 @@ impl Controller {
         operation: &Operation,
         image: &MetadataImage,
         base: Option<Offset>,
+        refusals: Vec<Option<ControllerError>>,
     ) -> Result<Answer, ControllerError> {
         let mut answer = Answer {
             image: image.clone(),
             broker_epoch: None,
             heartbeat: None,
+            refusals,
         };
         match operation {
             Operation::RegisterBroker(request) => {
@@ -560,6 +608,7 @@ impl Handler<ControllerInbound> for Controller {
                     offset: answer.image.offset,
                     broker_epoch: answer.broker_epoch,
                     heartbeat: answer.heartbeat,
+                    refusals: answer.refusals,
                 });
                 let _ = reply.send(RaftResponse::Controller(encode_answer(&answer)));
             }

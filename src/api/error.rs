@@ -96,7 +96,9 @@ impl ResponseError for ApiError {
                 | ControllerError::StaleBrokerEpoch(_)
                 | ControllerError::DuplicateBrokerRegistration(_)
                 | ControllerError::FencedLeaderEpoch(_)
-                | ControllerError::InvalidUpdateVersion(_) => StatusCode::CONFLICT,
+                | ControllerError::InvalidUpdateVersion(_)
+                | ControllerError::NotLeaderOrFollower(_)
+                | ControllerError::PreferredLeaderNotAvailable(_) => StatusCode::CONFLICT,
                 ControllerError::UnknownTopicOrPartition(_) | ControllerError::BrokerIdNotRegistered(_) => {
                     StatusCode::NOT_FOUND
                 }

@@ -15,6 +15,9 @@
 //! | `POST /v1/topics/{name}/partitions` `{"count"}` | the topic |
 //! | `GET /v1/configs/{topic\|broker}/{name}` | `{"offset", "configs": {key: value}}` |
 //! | `PATCH /v1/configs/{topic\|broker}/{name}` `{"set": {}, "delete": []}` | the same, once committed |
+//! | `GET /v1/features`, `PATCH /v1/features` `{name: level}` | `{"offset", "features": {name: level}}` |
+//! | `POST /v1/partitions/alter` (AlterPartition) | `{"offset", "topics": [{"topic_id", "partitions": [{"partition", "error", "leader", "leader_epoch", "partition_epoch", "isr"}]}]}` |
+//! | `POST /v1/partitions/elect` `{"topic", "partition"}` | the partition with its preferred replica leading |
 //!
 //! Errors carry Kafka's names (see [`ApiError`]).
 
@@ -28,10 +31,12 @@ use uuid::Uuid;
 
 use super::{ApiError, NodeApi};
 use crate::messages::Record;
-use crate::metadata::controller::{BrokerRegistrationRequest, ConfigChange, ControllerError, NewTopic, TopicLayout};
+use crate::metadata::controller::{
+    supported_features, BrokerRegistrationRequest, ConfigChange, ControllerError, IsrChange, NewTopic, TopicLayout,
+};
 use crate::metadata::image::{BrokerRegistration, MetadataImage, TopicImage};
 use crate::metadata::records::{
-    BrokerEndpoint, BrokerId, MetadataRecord, CONFIG_RESOURCE_BROKER, CONFIG_RESOURCE_TOPIC,
+    BrokerEndpoint, BrokerFeature, BrokerId, MetadataRecord, CONFIG_RESOURCE_BROKER, CONFIG_RESOURCE_TOPIC,
 };
 use crate::node::Operation;
 use crate::node::RecordPage;
@@ -209,6 +214,17 @@ struct RegisterBody {
     listeners: Vec<ListenerBody>,
     #[serde(default)]
     rack: Option<String>,
+    /// What the broker supports; this build's features when not given.
+    #[serde(default)]
+    features: Option<Vec<FeatureBody>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeatureBody {
+    name: String,
+    min_supported: i16,
+    max_supported: i16,
 }
 
 /// Listeners as a registration carries them.
@@ -255,7 +271,17 @@ pub(super) async fn register_broker<N: NodeApi>(
             incarnation_id: request.incarnation_id,
             listeners,
             rack: request.rack,
-            features: Vec::new(),
+            features: match request.features {
+                Some(features) => features
+                    .into_iter()
+                    .map(|f| BrokerFeature {
+                        name: f.name,
+                        min_supported: f.min_supported,
+                        max_supported: f.max_supported,
+                    })
+                    .collect(),
+                None => supported_features(),
+            },
         }))
         .await?;
     Ok(HttpResponse::Ok().json(json!({ "id": request.id, "epoch": answer.broker_epoch })))
@@ -482,4 +508,149 @@ pub(super) async fn alter_default_configs<N: NodeApi>(
     bytes: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
     write_configs(node.get_ref(), &path, String::new(), &bytes).await
+}
+
+fn features_json(image: &MetadataImage) -> Value {
+    json!({
+        "offset": image.offset,
+        "features": image.features.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+pub(super) async fn features<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(features_json(&image_of(node.get_ref())?)))
+}
+
+pub(super) async fn update_features<N: NodeApi>(
+    node: web::Data<N>,
+    bytes: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let levels: BTreeMap<String, i16> = body(&bytes, "{name: level, ...} (level 0 removes a feature)")?;
+    let answer = node.operate(Operation::UpdateFeatures { levels }).await?;
+    Ok(HttpResponse::Ok().json(features_json(&answer.image)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlterBody {
+    broker_id: BrokerId,
+    broker_epoch: i64,
+    topics: Vec<AlterTopicBody>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlterTopicBody {
+    topic_id: Uuid,
+    partitions: Vec<AlterPartitionBody>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlterPartitionBody {
+    partition: i32,
+    leader_epoch: i32,
+    partition_epoch: i32,
+    new_isr: Vec<BrokerId>,
+}
+
+/// AlterPartition: each partition's result, with Kafka's error name when
+/// it was refused, else the partition as it now is.
+pub(super) async fn alter_partitions<N: NodeApi>(
+    node: web::Data<N>,
+    bytes: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let request: AlterBody = body(
+        &bytes,
+        "{\"broker_id\", \"broker_epoch\", \"topics\": [{\"topic_id\", \"partitions\": [{\"partition\", \"leader_epoch\", \"partition_epoch\", \"new_isr\"}]}]}",
+    )?;
+    let changes: Vec<IsrChange> = request
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions.iter().map(|p| IsrChange {
+                topic_id: t.topic_id,
+                partition: p.partition,
+                leader_epoch: p.leader_epoch,
+                partition_epoch: p.partition_epoch,
+                new_isr: p.new_isr.clone(),
+            })
+        })
+        .collect();
+    let answer = node
+        .operate(Operation::AlterPartitions {
+            broker_id: request.broker_id,
+            broker_epoch: request.broker_epoch,
+            changes: changes.clone(),
+        })
+        .await?;
+    let mut results = changes
+        .iter()
+        .zip(answer.refusals.iter().chain(std::iter::repeat(&None)));
+    let topics: Vec<Value> = request
+        .topics
+        .iter()
+        .map(|t| {
+            let partitions: Vec<Value> = t
+                .partitions
+                .iter()
+                .map(|_| {
+                    let (change, refusal) = results.next().expect("one result per change");
+                    let now = answer
+                        .image
+                        .topics_by_id
+                        .get(&change.topic_id)
+                        .and_then(|topic| topic.partitions.get(&change.partition));
+                    let mut result = json!({
+                        "partition": change.partition,
+                        "error": refusal.as_ref().map(ControllerError::code),
+                    });
+                    if let Some(refusal) = refusal {
+                        result["message"] = json!(refusal.message());
+                    }
+                    if let Some(p) = now {
+                        result["leader"] = json!(p.leader);
+                        result["leader_epoch"] = json!(p.leader_epoch);
+                        result["partition_epoch"] = json!(p.partition_epoch);
+                        result["isr"] = json!(p.isr);
+                    }
+                    result
+                })
+                .collect();
+            json!({ "topic_id": t.topic_id, "partitions": partitions })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "offset": answer.image.offset, "topics": topics })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ElectBody {
+    topic: String,
+    partition: i32,
+}
+
+/// A preferred-leader election: the partition as it now is.
+pub(super) async fn elect_leader<N: NodeApi>(node: web::Data<N>, bytes: web::Bytes) -> Result<HttpResponse, ApiError> {
+    let request: ElectBody = body(&bytes, "{\"topic\": string, \"partition\": int}")?;
+    let answer = node
+        .operate(Operation::ElectPreferred {
+            topic: request.topic.clone(),
+            partition: request.partition,
+        })
+        .await?;
+    let partition = answer
+        .image
+        .topic(&request.topic)
+        .and_then(|t| t.partitions.get(&request.partition))
+        .ok_or_else(|| unknown_topic(&request.topic))?;
+    Ok(HttpResponse::Ok().json(json!({
+        "offset": answer.image.offset,
+        "topic": request.topic,
+        "partition": request.partition,
+        "leader": partition.leader,
+        "leader_epoch": partition.leader_epoch,
+        "partition_epoch": partition.partition_epoch,
+        "isr": partition.isr,
+    })))
 }

@@ -276,6 +276,21 @@ fn routes<N: NodeApi>(cfg: &mut web::ServiceConfig, node: N, max_body_bytes: usi
                 .on(Method::GET, metadata::configs::<N>)
                 .on(Method::PATCH, metadata::alter_configs::<N>),
         )
+        .service(
+            methods("/v1/features")
+                .on(Method::GET, metadata::features::<N>)
+                .on(Method::PATCH, metadata::update_features::<N>),
+        )
+        .service(one_method(
+            "/v1/partitions/alter",
+            Method::POST,
+            metadata::alter_partitions::<N>,
+        ))
+        .service(one_method(
+            "/v1/partitions/elect",
+            Method::POST,
+            metadata::elect_leader::<N>,
+        ))
         .service(one_method("/healthz", Method::GET, healthz::<N>))
         .service(one_method("/metrics", Method::GET, prometheus::<N>))
         .default_service(web::to(not_found));

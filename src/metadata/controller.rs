@@ -55,6 +55,12 @@ pub enum ControllerError {
     FencedLeaderEpoch(String),
     #[error("INVALID_UPDATE_VERSION: {0}")]
     InvalidUpdateVersion(String),
+    #[error("NOT_LEADER_OR_FOLLOWER: {0}")]
+    NotLeaderOrFollower(String),
+    #[error("INELIGIBLE_REPLICA: {0}")]
+    IneligibleReplica(String),
+    #[error("PREFERRED_LEADER_NOT_AVAILABLE: {0}")]
+    PreferredLeaderNotAvailable(String),
     #[error("NOT_CONTROLLER: {message}")]
     NotController { leader_id: Option<NodeId>, message: String },
     /// The records were appended but leadership was lost before they
@@ -83,6 +89,9 @@ impl ControllerError {
             ControllerError::DuplicateBrokerRegistration(_) => "DUPLICATE_BROKER_REGISTRATION",
             ControllerError::FencedLeaderEpoch(_) => "FENCED_LEADER_EPOCH",
             ControllerError::InvalidUpdateVersion(_) => "INVALID_UPDATE_VERSION",
+            ControllerError::NotLeaderOrFollower(_) => "NOT_LEADER_OR_FOLLOWER",
+            ControllerError::IneligibleReplica(_) => "INELIGIBLE_REPLICA",
+            ControllerError::PreferredLeaderNotAvailable(_) => "PREFERRED_LEADER_NOT_AVAILABLE",
             ControllerError::NotController { .. } => "NOT_CONTROLLER",
             ControllerError::OutcomeUnknown(_) => "OUTCOME_UNKNOWN",
             ControllerError::Unavailable(_) => "UNAVAILABLE",
@@ -109,6 +118,195 @@ impl From<PlacementError> for ControllerError {
 }
 
 pub type Result<T> = std::result::Result<T, ControllerError>;
+
+/// The features this build supports, with their level ranges: what a
+/// broker of this build registers, and the most a controller of it
+/// finalizes.
+pub const SUPPORTED_FEATURES: &[(&str, i16, i16)] = &[(METADATA_VERSION, 1, METADATA_VERSION_LEVEL)];
+
+/// [`SUPPORTED_FEATURES`] as a registration carries them.
+pub fn supported_features() -> Vec<BrokerFeature> {
+    SUPPORTED_FEATURES
+        .iter()
+        .map(|(name, min, max)| BrokerFeature {
+            name: name.to_string(),
+            min_supported: *min,
+            max_supported: *max,
+        })
+        .collect()
+}
+
+/// The records that finalize `levels` (level 0 removes a feature): each
+/// must be supported by this build and by every registered broker;
+/// `metadata.version` is never removed nor lowered.
+pub fn update_features(image: &MetadataImage, levels: &BTreeMap<String, i16>) -> Result<Vec<MetadataRecord>> {
+    let mut records = Vec::new();
+    for (name, level) in levels {
+        let refuse = |why: String| {
+            Err(ControllerError::InvalidUpdateVersion(format!(
+                "{name} = {level}: {why}"
+            )))
+        };
+        if *level < 0 {
+            return refuse("a feature level is 0 (removed) or more".into());
+        }
+        let current = image.features.get(name).copied().unwrap_or(0);
+        if *level == current {
+            continue;
+        }
+        if name == METADATA_VERSION && *level < current {
+            return refuse(format!("metadata.version is {current} and is never lowered"));
+        }
+        if *level > 0 {
+            match SUPPORTED_FEATURES.iter().find(|(n, _, _)| n == name) {
+                Some((_, min, max)) if (*min..=*max).contains(level) => {}
+                Some((_, min, max)) => return refuse(format!("the controller supports {min} to {max}")),
+                None => return refuse("the controller does not know this feature".into()),
+            }
+            for broker in image.brokers.values() {
+                let supported = broker.features.iter().find(|f| &f.name == name);
+                if !supported.is_some_and(|f| (f.min_supported..=f.max_supported).contains(level)) {
+                    return refuse(format!("broker {} does not support it", broker.id));
+                }
+            }
+        }
+        records.push(MetadataRecord::FeatureLevel(FeatureLevelRecord {
+            name: name.clone(),
+            feature_level: *level,
+        }));
+    }
+    Ok(records)
+}
+
+/// One partition's ISR change asked by its leader (AlterPartition).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IsrChange {
+    pub topic_id: Uuid,
+    pub partition: i32,
+    /// The leader epoch and partition epoch the leader knows.
+    pub leader_epoch: i32,
+    pub partition_epoch: i32,
+    pub new_isr: Vec<BrokerId>,
+}
+
+/// The records of an AlterPartition from broker `broker_id` (at
+/// `broker_epoch`), and each change's refusal if it was refused: only the
+/// partition's leader may change its ISR, at the partition's current
+/// leader epoch (else FENCED_LEADER_EPOCH) and partition epoch (else
+/// INVALID_UPDATE_VERSION); the new ISR holds the leader, only replicas,
+/// and only unfenced brokers (else INELIGIBLE_REPLICA).
+pub fn alter_partitions(
+    image: &MetadataImage,
+    broker_id: BrokerId,
+    broker_epoch: i64,
+    changes: &[IsrChange],
+) -> Result<(Vec<MetadataRecord>, Vec<Option<ControllerError>>)> {
+    registered(image, broker_id, broker_epoch)?;
+    check_record_count(changes.len())?;
+    let mut records = Vec::new();
+    let mut refusals = Vec::new();
+    for change in changes {
+        match alter_partition(image, broker_id, change) {
+            Ok(record) => {
+                records.extend(record);
+                refusals.push(None);
+            }
+            Err(e) => refusals.push(Some(e)),
+        }
+    }
+    Ok((records, refusals))
+}
+
+fn alter_partition(image: &MetadataImage, broker_id: BrokerId, change: &IsrChange) -> Result<Option<MetadataRecord>> {
+    let unknown = || ControllerError::UnknownTopicOrPartition(format!("{}-{}", change.topic_id, change.partition));
+    let partition = image
+        .topics_by_id
+        .get(&change.topic_id)
+        .and_then(|t| t.partitions.get(&change.partition))
+        .ok_or_else(unknown)?;
+    if partition.leader != broker_id {
+        return Err(ControllerError::NotLeaderOrFollower(format!(
+            "broker {broker_id} does not lead the partition (broker {} does)",
+            partition.leader
+        )));
+    }
+    if change.leader_epoch != partition.leader_epoch {
+        return Err(ControllerError::FencedLeaderEpoch(format!(
+            "the leader epoch is {}, not {}",
+            partition.leader_epoch, change.leader_epoch
+        )));
+    }
+    if change.partition_epoch != partition.partition_epoch {
+        return Err(ControllerError::InvalidUpdateVersion(format!(
+            "the partition epoch is {}, not {}",
+            partition.partition_epoch, change.partition_epoch
+        )));
+    }
+    let mut seen = Vec::new();
+    for r in &change.new_isr {
+        if seen.contains(r) || !partition.replicas.contains(r) {
+            return Err(ControllerError::IneligibleReplica(format!(
+                "broker {r} is not a replica of the partition, or is named twice"
+            )));
+        }
+        if *r != broker_id
+            && !image
+                .brokers
+                .get(r)
+                .is_some_and(|b| !b.fenced && !b.in_controlled_shutdown)
+        {
+            return Err(ControllerError::IneligibleReplica(format!(
+                "broker {r} is fenced or shutting down"
+            )));
+        }
+        seen.push(*r);
+    }
+    if !change.new_isr.contains(&broker_id) {
+        return Err(ControllerError::IneligibleReplica(
+            "the new ISR must hold its leader".into(),
+        ));
+    }
+    if change.new_isr == partition.isr {
+        return Ok(None);
+    }
+    Ok(Some(MetadataRecord::PartitionChange(PartitionChangeRecord {
+        partition_id: change.partition,
+        topic_id: change.topic_id,
+        isr: Some(change.new_isr.clone()),
+        leader: None,
+        replicas: None,
+        removing_replicas: None,
+        adding_replicas: None,
+    })))
+}
+
+/// The record that makes a partition's preferred replica (its first) the
+/// leader, none when it leads already; PREFERRED_LEADER_NOT_AVAILABLE when
+/// it is not in the ISR or may not lead.
+pub fn elect_preferred(image: &MetadataImage, topic: &str, partition_id: i32) -> Result<Option<MetadataRecord>> {
+    let unknown = || ControllerError::UnknownTopicOrPartition(format!("{topic}-{partition_id}"));
+    let topic = image.topic(topic).ok_or_else(unknown)?;
+    let partition = topic.partitions.get(&partition_id).ok_or_else(unknown)?;
+    let preferred = partition.replicas[0];
+    if partition.leader == preferred {
+        return Ok(None);
+    }
+    if !partition.isr.contains(&preferred) || !may_lead(image, preferred) {
+        return Err(ControllerError::PreferredLeaderNotAvailable(format!(
+            "broker {preferred} is not in the ISR {:?} or may not lead",
+            partition.isr
+        )));
+    }
+    Ok(Some(MetadataRecord::PartitionChange(PartitionChangeRecord {
+        partition_id,
+        topic_id: topic.id,
+        isr: None,
+        leader: Some(preferred),
+        replicas: None,
+        removing_replicas: None,
+        adding_replicas: None,
+    })))
+}
 
 /// The records a new log starts with: `metadata.version`.
 pub fn bootstrap(image: &MetadataImage) -> Vec<MetadataRecord> {
@@ -335,7 +533,14 @@ pub fn create_topic(
             assignments.clone()
         }
     };
-    let topic_id = Uuid::new_v4();
+    // Never an id the image holds (a replay of the Topic record would fail
+    // on every node).
+    let topic_id = loop {
+        let id = uuid::Builder::from_random_bytes(rng.gen()).into_uuid();
+        if !image.topics_by_id.contains_key(&id) {
+            break id;
+        }
+    };
     let mut records = vec![MetadataRecord::Topic(TopicRecord {
         name: topic.name.clone(),
         topic_id,
@@ -584,7 +789,7 @@ mod tests {
             incarnation_id: Uuid::new_v4(),
             listeners: Vec::new(),
             rack: rack.map(str::to_string),
-            features: Vec::new(),
+            features: supported_features(),
         }
     }
 
@@ -786,6 +991,146 @@ mod tests {
         let shutting = with(&image, &fence_broker(&image, 2, true));
         assert!(shutting.brokers[&2].in_controlled_shutdown && !shutting.brokers[&2].fenced);
         assert!(!leads_any(&shutting, 2));
+    }
+
+    #[test]
+    fn features_are_finalized_only_at_levels_every_broker_supports() {
+        let image = cluster(&[1, 2]);
+        let levels = |pairs: &[(&str, i16)]| pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        assert!(
+            update_features(&image, &levels(&[(METADATA_VERSION, 1)]))
+                .unwrap()
+                .is_empty(),
+            "no change"
+        );
+        let code = |pairs: &[(&str, i16)]| update_features(&image, &levels(pairs)).unwrap_err().code();
+        assert_eq!(
+            code(&[(METADATA_VERSION, 0)]),
+            "INVALID_UPDATE_VERSION",
+            "never removed"
+        );
+        assert_eq!(
+            code(&[(METADATA_VERSION, 2)]),
+            "INVALID_UPDATE_VERSION",
+            "past what is supported"
+        );
+        assert_eq!(code(&[("no.such.feature", 1)]), "INVALID_UPDATE_VERSION");
+        assert_eq!(code(&[(METADATA_VERSION, -1)]), "INVALID_UPDATE_VERSION");
+        // A broker that supports nothing holds every feature back.
+        let mut lacking = request(3, None);
+        lacking.features.clear();
+        let record = register_broker(&image, &lacking, false).unwrap().unwrap_err();
+        let image = with(&image, &[record]);
+        let without = with(&MetadataImage::empty(), &[]);
+        assert!(matches!(
+            update_features(&image, &levels(&[(METADATA_VERSION, 1)])),
+            Ok(records) if records.is_empty()
+        ));
+        assert_eq!(
+            update_features(&without, &levels(&[(METADATA_VERSION, 1)]))
+                .unwrap()
+                .len(),
+            1,
+            "a log without metadata.version gets it"
+        );
+    }
+
+    #[test]
+    fn an_isr_change_is_taken_only_from_the_leader_at_the_current_epochs() {
+        let image = cluster(&[1, 2, 3]);
+        let assigned = NewTopic {
+            name: "orders".into(),
+            layout: TopicLayout::Assignments(vec![vec![1, 2, 3]]),
+            configs: BTreeMap::new(),
+        };
+        let (topic_id, records) = create_topic(&image, &assigned, &mut rng()).unwrap();
+        let image = with(&image, &records);
+        let epoch = |id| image.brokers[&id].epoch;
+        let change = |isr: Vec<BrokerId>, leader_epoch, partition_epoch| IsrChange {
+            topic_id,
+            partition: 0,
+            leader_epoch,
+            partition_epoch,
+            new_isr: isr,
+        };
+        let (records, refusals) = alter_partitions(&image, 1, epoch(1), &[change(vec![1, 2], 0, 0)]).unwrap();
+        assert_eq!(refusals, vec![None]);
+        let shrunk = with(&image, &records);
+        let p = &shrunk.topics_by_id[&topic_id].partitions[&0];
+        assert_eq!((p.isr.clone(), p.leader_epoch, p.partition_epoch), (vec![1, 2], 0, 1));
+        // Stale epochs, another leader, bad members: refused, nothing written.
+        let refused = |image: &MetadataImage, broker: BrokerId, c: IsrChange| {
+            let (records, refusals) = alter_partitions(image, broker, image.brokers[&broker].epoch, &[c]).unwrap();
+            assert!(records.is_empty());
+            refusals[0].as_ref().unwrap().code()
+        };
+        assert_eq!(refused(&shrunk, 1, change(vec![1], 0, 0)), "INVALID_UPDATE_VERSION");
+        assert_eq!(refused(&shrunk, 1, change(vec![1], 1, 1)), "FENCED_LEADER_EPOCH");
+        assert_eq!(refused(&shrunk, 2, change(vec![2], 0, 1)), "NOT_LEADER_OR_FOLLOWER");
+        assert_eq!(refused(&shrunk, 1, change(vec![1, 9], 0, 1)), "INELIGIBLE_REPLICA");
+        assert_eq!(
+            refused(&shrunk, 1, change(vec![2, 3], 0, 1)),
+            "INELIGIBLE_REPLICA",
+            "without its leader"
+        );
+        let fenced = with(&shrunk, &fence_broker(&shrunk, 3, false));
+        let epochs = &fenced.topics_by_id[&topic_id].partitions[&0];
+        assert_eq!(
+            refused(
+                &fenced,
+                1,
+                change(vec![1, 2, 3], epochs.leader_epoch, epochs.partition_epoch)
+            ),
+            "INELIGIBLE_REPLICA",
+            "a fenced broker does not rejoin"
+        );
+        assert_eq!(
+            alter_partitions(&image, 1, epoch(1) + 1, &[]).unwrap_err().code(),
+            "STALE_BROKER_EPOCH"
+        );
+    }
+
+    #[test]
+    fn the_preferred_replica_is_elected_when_it_may_lead() {
+        let image = cluster(&[1, 2]);
+        let assigned = NewTopic {
+            name: "orders".into(),
+            layout: TopicLayout::Assignments(vec![vec![1, 2]]),
+            configs: BTreeMap::new(),
+        };
+        let (_, records) = create_topic(&image, &assigned, &mut rng()).unwrap();
+        let image = with(&image, &records);
+        assert_eq!(elect_preferred(&image, "orders", 0).unwrap(), None, "it leads already");
+        let fenced = with(&image, &fence_broker(&image, 1, false));
+        assert_eq!(
+            elect_preferred(&fenced, "orders", 0).unwrap_err().code(),
+            "PREFERRED_LEADER_NOT_AVAILABLE"
+        );
+        // Back, but out of the ISR until its leader takes it in.
+        let back = with(&fenced, &unfence_broker(&fenced, 1));
+        assert_eq!(back.topic("orders").unwrap().partitions[&0].leader, 2);
+        assert!(elect_preferred(&back, "orders", 0).is_err());
+        let p = &back.topic("orders").unwrap().partitions[&0];
+        let id = back.topic("orders").unwrap().id;
+        let rejoined = IsrChange {
+            topic_id: id,
+            partition: 0,
+            leader_epoch: p.leader_epoch,
+            partition_epoch: p.partition_epoch,
+            new_isr: vec![2, 1],
+        };
+        let (records, _) = alter_partitions(&back, 2, back.brokers[&2].epoch, &[rejoined]).unwrap();
+        let rejoined = with(&back, &records);
+        let elected = with(&rejoined, &[elect_preferred(&rejoined, "orders", 0).unwrap().unwrap()]);
+        assert_eq!(elected.topic("orders").unwrap().partitions[&0].leader, 1);
+        assert_eq!(
+            elect_preferred(&image, "nope", 0).unwrap_err().code(),
+            "UNKNOWN_TOPIC_OR_PARTITION"
+        );
+        assert_eq!(
+            elect_preferred(&image, "orders", 5).unwrap_err().code(),
+            "UNKNOWN_TOPIC_OR_PARTITION"
+        );
     }
 
     #[test]
