@@ -311,7 +311,6 @@ async fn the_http_resources_create_and_show_topics_with_kafkas_error_names() {
     assert_eq!(status, 200, "{body}");
     let epoch = body["epoch"].as_i64().unwrap();
     eventually("the broker unfenced over HTTP", || {
-        let call = call;
         let offset = node.metadata_image().unwrap().offset;
         async move {
             let (status, body) = call(
@@ -376,7 +375,6 @@ async fn the_http_resources_create_and_show_topics_with_kafkas_error_names() {
     assert_eq!((status, body["error"].as_str()), (400, Some("UNSUPPORTED")));
 
     let listed = eventually("the topic listed", || {
-        let call = call;
         async move {
             let (_, body) = call("GET", "/v1/topics".into(), None).await;
             (body["topics"].as_array()?.len() == 1).then_some(body)

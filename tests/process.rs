@@ -1334,7 +1334,7 @@ fn three_controllers_and_three_brokers_fence_fail_over_and_agree_on_the_image() 
 
     // kill -9 of the active controller: the next one fences and creates.
     let (leader, epoch) = cluster.wait_for_leader(epoch - 1);
-    cluster.node(leader as i32).kill9();
+    cluster.node(leader).kill9();
     let (_, _) = cluster.wait_for_leader(epoch);
     wait_until("a topic created through the new active controller", &cluster, || {
         send_json(
