@@ -374,11 +374,9 @@ async fn the_http_resources_create_and_show_topics_with_kafkas_error_names() {
     let (status, body) = call("POST", "/v1/append".into(), Some(serde_json::json!({"records": ["x"]}))).await;
     assert_eq!((status, body["error"].as_str()), (400, Some("UNSUPPORTED")));
 
-    let listed = eventually("the topic listed", || {
-        async move {
-            let (_, body) = call("GET", "/v1/topics".into(), None).await;
-            (body["topics"].as_array()?.len() == 1).then_some(body)
-        }
+    let listed = eventually("the topic listed", || async move {
+        let (_, body) = call("GET", "/v1/topics".into(), None).await;
+        (body["topics"].as_array()?.len() == 1).then_some(body)
     })
     .await;
     assert_eq!(listed["topics"][0]["partitions"], 2);

@@ -379,11 +379,12 @@ impl Controller {
         }
         let now = self.now_ms();
         for p in planned {
-            let base = (p.records > 0).then(|| appended.base_offset + p.first_record as Offset);
+            // The offset of the operation's last record (a registration's).
+            let last = (p.records > 0).then(|| appended.base_offset + (p.first_record + p.records) as Offset - 1);
             if let Operation::RegisterBroker(request) = &p.operation {
                 self.sessions.touch(request.broker_id, now);
             }
-            let answer = self.answer(&p.operation, &self.image, base, p.refusals);
+            let answer = self.answer(&p.operation, &self.image, last, p.refusals);
             let _ = p.reply.send(answer);
         }
     }
@@ -417,8 +418,8 @@ impl Controller {
             Operation::RegisterBroker(request) => {
                 let alive = self.sessions.alive(request.broker_id, now);
                 Ok(match ops::register_broker(image, request, alive)? {
-                    Ok(_) => Vec::new(),
-                    Err(record) => vec![record],
+                    ops::Registration::Known(_) => Vec::new(),
+                    ops::Registration::New(records) => records,
                 })
             }
             Operation::BrokerHeartbeat {
@@ -474,13 +475,13 @@ impl Controller {
         }
     }
 
-    /// The answer to `operation` once its records (from `base`, if any)
+    /// The answer to `operation` once its records (up to `last`, if any)
     /// are in `image`.
     fn answer(
         &self,
         operation: &Operation,
         image: &MetadataImage,
-        base: Option<Offset>,
+        last: Option<Offset>,
         refusals: Vec<Option<ControllerError>>,
     ) -> Result<Answer, ControllerError> {
         let mut answer = Answer {
@@ -492,7 +493,7 @@ impl Controller {
         match operation {
             Operation::RegisterBroker(request) => {
                 let broker = image.brokers.get(&request.broker_id);
-                answer.broker_epoch = base.or(broker.map(|b| b.epoch));
+                answer.broker_epoch = last.or(broker.map(|b| b.epoch));
             }
             Operation::BrokerHeartbeat {
                 broker_id,

@@ -329,15 +329,26 @@ pub struct BrokerRegistrationRequest {
     pub features: Vec<BrokerFeature>,
 }
 
-/// What registering a broker takes: its epoch when this incarnation is
-/// registered already, else the record that registers it (fenced, with
-/// its epoch the offset the record gets). `session_alive` says whether the
-/// broker's current registration has heartbeaten within its session.
+/// What registering a broker takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Registration {
+    /// This incarnation is registered already, with this epoch.
+    Known(i64),
+    /// The records that register it: the last is its RegisterBroker
+    /// (fenced, its epoch the offset the record gets), after those that
+    /// fence an earlier registration of the same id, whose partitions it
+    /// must not go on leading.
+    New(Vec<MetadataRecord>),
+}
+
+/// What registering a broker takes (see [`Registration`]).
+/// `session_alive` says whether the broker's current registration has
+/// heartbeaten within its session: a new incarnation is refused then.
 pub fn register_broker(
     image: &MetadataImage,
     request: &BrokerRegistrationRequest,
     session_alive: bool,
-) -> Result<std::result::Result<i64, MetadataRecord>> {
+) -> Result<Registration> {
     if request.broker_id < 0 {
         return Err(ControllerError::InvalidRequest(format!(
             "a broker id is at least 0, not {}",
@@ -346,7 +357,7 @@ pub fn register_broker(
     }
     if let Some(existing) = image.brokers.get(&request.broker_id) {
         if existing.incarnation_id == request.incarnation_id {
-            return Ok(Ok(existing.epoch));
+            return Ok(Registration::Known(existing.epoch));
         }
         if session_alive {
             return Err(ControllerError::DuplicateBrokerRegistration(format!(
@@ -355,7 +366,8 @@ pub fn register_broker(
             )));
         }
     }
-    Ok(Err(MetadataRecord::RegisterBroker(RegisterBrokerRecord {
+    let mut records = fence_broker(image, request.broker_id, false);
+    records.push(MetadataRecord::RegisterBroker(RegisterBrokerRecord {
         broker_id: request.broker_id,
         incarnation_id: request.incarnation_id,
         broker_epoch: EPOCH_OF_THIS_RECORD,
@@ -364,7 +376,8 @@ pub fn register_broker(
         rack: request.rack.clone(),
         fenced: true,
         in_controlled_shutdown: false,
-    })))
+    }));
+    Ok(Registration::New(records))
 }
 
 /// The registration of broker `id`, checked against the epoch it claims.
@@ -793,14 +806,19 @@ mod tests {
         }
     }
 
+    /// The records of a registration that is not known yet.
+    fn new_registration(image: &MetadataImage, request: &BrokerRegistrationRequest) -> Vec<MetadataRecord> {
+        match register_broker(image, request, false).unwrap() {
+            Registration::New(records) => records,
+            known => panic!("{known:?}"),
+        }
+    }
+
     /// An image with brokers `ids`, registered and unfenced.
     fn cluster(ids: &[BrokerId]) -> MetadataImage {
         let mut image = with(&MetadataImage::empty(), &bootstrap(&MetadataImage::empty()));
         for id in ids {
-            let record = register_broker(&image, &request(*id, None), false)
-                .unwrap()
-                .unwrap_err();
-            image = with(&image, &[record]);
+            image = with(&image, &new_registration(&image, &request(*id, None)));
             image = with(&image, &unfence_broker(&image, *id));
         }
         image
@@ -834,12 +852,14 @@ mod tests {
     fn a_registration_gets_its_records_offset_as_epoch_and_the_same_incarnation_keeps_it() {
         let image = cluster(&[]);
         let first = request(1, Some("a"));
-        let record = register_broker(&image, &first, false).unwrap().unwrap_err();
-        let image = with(&image, &[record]);
+        let image = with(&image, &new_registration(&image, &first));
         let broker = &image.brokers[&1];
         assert_eq!(broker.epoch, image.offset, "the epoch is the record's offset");
         assert!(broker.fenced, "a new registration is fenced");
-        assert_eq!(register_broker(&image, &first, true).unwrap(), Ok(broker.epoch));
+        assert_eq!(
+            register_broker(&image, &first, true).unwrap(),
+            Registration::Known(broker.epoch)
+        );
         // Another incarnation while the session lives is refused; once it
         // expired, it registers anew.
         let second = request(1, Some("a"));
@@ -847,11 +867,30 @@ mod tests {
             register_broker(&image, &second, true),
             Err(ControllerError::DuplicateBrokerRegistration(_))
         ));
-        assert!(register_broker(&image, &second, false).unwrap().is_err());
+        assert!(matches!(
+            register_broker(&image, &second, false).unwrap(),
+            Registration::New(_)
+        ));
         assert!(matches!(
             register_broker(&image, &request(-1, None), false),
             Err(ControllerError::InvalidRequest(_))
         ));
+    }
+
+    #[test]
+    fn a_new_incarnation_takes_its_predecessors_leadership_away_first() {
+        let image = cluster(&[1, 2]);
+        let assigned = NewTopic {
+            name: "orders".into(),
+            layout: TopicLayout::Assignments(vec![vec![1, 2]]),
+            configs: BTreeMap::new(),
+        };
+        let (_, records) = create_topic(&image, &assigned, &mut rng()).unwrap();
+        let image = with(&image, &records);
+        let again = with(&image, &new_registration(&image, &request(1, None)));
+        let p = &again.topic("orders").unwrap().partitions[&0];
+        assert_eq!((p.leader, p.isr.clone()), (2, vec![2]));
+        assert!(again.brokers[&1].fenced && again.brokers[&1].epoch == again.offset);
     }
 
     #[test]
@@ -1019,8 +1058,7 @@ mod tests {
         // A broker that supports nothing holds every feature back.
         let mut lacking = request(3, None);
         lacking.features.clear();
-        let record = register_broker(&image, &lacking, false).unwrap().unwrap_err();
-        let image = with(&image, &[record]);
+        let image = with(&image, &new_registration(&image, &lacking));
         let without = with(&MetadataImage::empty(), &[]);
         assert!(matches!(
             update_features(&image, &levels(&[(METADATA_VERSION, 1)])),
