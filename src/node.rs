@@ -45,7 +45,7 @@ use crate::actors::state_machine::StateMachineRunner;
 use crate::actors::transport::{self, RaftServer};
 use crate::broker::BrokerSide;
 use crate::config::{Config, StateMachineKind};
-pub use crate::messages::actor::{Committed, LeaderChanged, Listener};
+pub use crate::messages::actor::{Committed, LeaderChanged, Listener, LoadSnapshot};
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
 pub use crate::messages::records::{CommittedRecord, LogEntry, LogPage, RecordPage};
 use crate::messages::SnapshotId;

@@ -37,7 +37,14 @@ fn env_u64(name: &str) -> Option<u64> {
 #[test]
 fn randomized_seeds() {
     let seeds: Vec<u64> = match env_u64("KRAFT_ACTOR_SIM_SEED") {
-        Some(seed) => vec![seed],
+        Some(seed) => {
+            // One seed is replayed to be read: the nodes' logs too (RUST_LOG).
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_test_writer()
+                .try_init();
+            vec![seed]
+        }
         None => {
             let start = env_u64("KRAFT_ACTOR_SIM_SEED_START").unwrap_or(0);
             let count = env_u64("KRAFT_ACTOR_SIM_SEEDS").unwrap_or(DEFAULT_SEEDS);
@@ -50,6 +57,7 @@ fn randomized_seeds() {
     let mut failures = Vec::new();
     let (mut steps, mut acked, mut crashes, mut committed, mut elections) = (0, 0, 0, 0, 0);
     let (mut snapshots, mut compacted_starts) = (0, 0);
+    let (mut ops_acked, mut ops_refused, mut images) = (0, 0, 0);
     for seed in &seeds {
         let (params, report) = run_seed(*seed);
         steps += report.steps;
@@ -58,6 +66,9 @@ fn randomized_seeds() {
         committed += report.committed;
         elections += report.max_epoch;
         snapshots += report.snapshots;
+        ops_acked += report.ops_acked;
+        ops_refused += report.ops_refused;
+        images += report.images;
         compacted_starts += report.compacted_starts;
         if let Some(failure) = &report.failure {
             failures.push(format!(
@@ -66,7 +77,7 @@ fn randomized_seeds() {
         }
     }
     println!(
-        "actor sim: {} seeds in {:.1}s: {steps} steps, {elections} epochs, {crashes} crashes, {acked} acknowledged appends, {committed} committed offsets, {snapshots} snapshots on request, {compacted_starts} restarts above offset 0",
+        "actor sim: {} seeds in {:.1}s: {steps} steps, {elections} epochs, {crashes} crashes, {acked} acknowledged appends, {committed} committed offsets, {snapshots} snapshots on request, {compacted_starts} restarts above offset 0; metadata seeds: {ops_acked} controller operations acknowledged, {ops_refused} refused, {images} images checked",
         seeds.len(),
         started.elapsed().as_secs_f64()
     );
@@ -118,7 +129,7 @@ async fn single_node_with_inbound(
     let voters: BTreeMap<_, _> = [(1, "127.0.0.1:9001".to_string())].into();
     let net = Net::new(rand::rngs::SmallRng::seed_from_u64(1), Duration::from_millis(200));
     let (handle, inbound) = node::start_custom(CustomNode {
-        config: node_config(1, &voters, false),
+        config: node_config(1, &voters, false, false),
         store: Box::new(disk.open()),
         snapshot_dir: None,
         flush_delay,

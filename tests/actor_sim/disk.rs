@@ -4,7 +4,10 @@
 //! every later call through it fails — as a process that dies takes its
 //! file descriptors with it. Snapshot files are fsynced before they are
 //! renamed into place, so a crash keeps them (a partial one is removed at
-//! the next start).
+//! the next start). The snapshot directory moves at each crash (to
+//! `snapshots-<generation>`), so that the dead incarnation's storage task,
+//! still draining its queue, can no more touch the files than a killed
+//! process could.
 
 use std::sync::{Arc, Mutex};
 
@@ -31,14 +34,21 @@ impl Disk {
             generation: 0,
             flushes_fail: false,
         };
-        Disk(
+        let disk = Disk(
             Arc::new(Mutex::new(state)),
             Arc::new(tempfile::tempdir().expect("a snapshot dir")),
-        )
+        );
+        std::fs::create_dir(disk.snapshot_dir()).expect("the first snapshot dir");
+        disk
     }
 
+    fn snapshot_dir_of(&self, generation: u64) -> std::path::PathBuf {
+        self.1.path().join(format!("snapshots-{generation}"))
+    }
+
+    /// Where the current incarnation keeps its snapshots.
     pub fn snapshot_dir(&self) -> std::path::PathBuf {
-        self.1.path().to_path_buf()
+        self.snapshot_dir_of(self.0.lock().unwrap().generation)
     }
 
     /// Where the durable log starts now.
@@ -64,6 +74,11 @@ impl Disk {
     pub fn crash(&self) {
         let mut state = self.0.lock().unwrap();
         state.store.crash();
+        let (old, new) = (
+            self.snapshot_dir_of(state.generation),
+            self.snapshot_dir_of(state.generation + 1),
+        );
+        std::fs::rename(old, new).expect("the snapshot dir moves");
         state.generation += 1;
     }
 }

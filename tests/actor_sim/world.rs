@@ -22,13 +22,16 @@ use std::time::Duration;
 use actix::prelude::*;
 use kraft::config::{Config, NodeRole};
 use kraft::messages::Record;
-use kraft::node::{self, AppendError, Appended, Committed, CustomNode, LeaderChanged, Listener, NodeHandle};
+use kraft::node::{
+    self, AppendError, Appended, Committed, CustomNode, LeaderChanged, Listener, LoadSnapshot, NodeHandle,
+};
 use kraft::raft::{Epoch, NodeId, Offset};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::disk::Disk;
+use super::metadata;
 use super::net::{Faults, Net};
 
 /// Virtual time the faults are healed for before liveness fails.
@@ -51,6 +54,11 @@ pub struct Params {
     pub snapshot: f64,
     pub flush_delay_ms: u64,
     pub chaos_ms: u64,
+    /// The nodes run the metadata image and the workload is a controller's
+    /// (see [`super::metadata`]); else they run a raw log and clients
+    /// append. Decided by the seed, not drawn, so that a log seed runs as it
+    /// always did.
+    pub metadata: bool,
 }
 
 impl Params {
@@ -73,6 +81,7 @@ impl Params {
             snapshot: [0.0, 0.002, 0.01][rng.gen_range(0..3)],
             flush_delay_ms: rng.gen_range(0..=4),
             chaos_ms: 10_000,
+            metadata: false,
         }
     }
 }
@@ -91,6 +100,11 @@ pub struct Report {
     pub snapshots: u64,
     /// Node starts whose log began above offset 0 (compacted or installed).
     pub compacted_starts: u64,
+    /// Metadata seeds: controller operations acknowledged, and refused
+    /// (by a rule or a fault), and images checked.
+    pub ops_acked: u64,
+    pub ops_refused: u64,
+    pub images: u64,
     pub sent: u64,
     pub lost: u64,
     pub failure: Option<String>,
@@ -112,7 +126,8 @@ pub fn paused_system() -> actix_rt::SystemRunner {
 /// Runs one seed on a [`paused_system`].
 pub fn run_seed(seed: u64) -> (Params, Report) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let params = Params::draw(&mut rng);
+    let mut params = Params::draw(&mut rng);
+    params.metadata = seed % 3 == 2;
     let world_params = params.clone();
     let report = paused_system().block_on(async move { World::new(seed, world_params, rng).run().await });
     (params, report)
@@ -122,10 +137,10 @@ pub fn run_seed(seed: u64) -> (Params, Report) {
 // The checker
 // ---------------------------------------------------------------------
 
-struct Checker {
+pub(crate) struct Checker {
     origin: Instant,
     /// Committed records, as the first listener to see each offset saw it.
-    committed: Vec<(Epoch, Record)>,
+    pub(super) committed: Vec<(Epoch, Record)>,
     leaders: BTreeMap<Epoch, NodeId>,
     acked: Vec<(Appended, Vec<u8>)>,
     append_errors: u64,
@@ -133,10 +148,12 @@ struct Checker {
     snapshots: u64,
     failure: Option<String>,
     hash: u64,
+    /// A metadata seed: listeners load snapshots of the image.
+    metadata: bool,
 }
 
 impl Checker {
-    fn fail(&mut self, what: String) {
+    pub(super) fn fail(&mut self, what: String) {
         if self.failure.is_none() {
             let at = self.origin.elapsed().as_millis();
             self.failure = Some(format!("t={at}ms: {what}"));
@@ -145,7 +162,7 @@ impl Checker {
 
     /// Folds an event into the trace hash (FNV-1a over the virtual time and
     /// the event).
-    fn trace(&mut self, event: &str) {
+    pub(super) fn trace(&mut self, event: &str) {
         let at = self.origin.elapsed().as_millis() as u64;
         for byte in at.to_le_bytes().iter().chain(event.as_bytes()) {
             self.hash ^= u64::from(*byte);
@@ -155,7 +172,11 @@ impl Checker {
 
     fn on_committed(&mut self, node: NodeId, offset: Offset, epoch: Epoch, record: &Record) {
         let index = offset as usize;
-        if index < self.committed.len() {
+        if self.committed.get(index).is_some_and(|(seen_epoch, _)| *seen_epoch < 0) {
+            // Below a snapshot no listener read through (metadata seeds):
+            // the first to deliver the offset fills it in.
+            self.committed[index] = (epoch, record.clone());
+        } else if index < self.committed.len() {
             let (seen_epoch, seen) = &self.committed[index];
             if *seen_epoch != epoch || seen != record {
                 let what = format!(
@@ -166,6 +187,11 @@ impl Checker {
         } else if index == self.committed.len() {
             self.committed.push((epoch, record.clone()));
             self.trace(&format!("commit {offset} {epoch}"));
+        } else if self.metadata {
+            // A listener that loaded a snapshot starts at its end; what came
+            // before is unknown until some node delivers it.
+            self.committed.resize(index, (-1, Record::NoOp));
+            self.committed.push((epoch, record.clone()));
         } else {
             self.fail(format!(
                 "node {node} committed offset {offset} past the known end {}",
@@ -263,6 +289,16 @@ impl Handler<Committed> for Recorder {
     }
 }
 
+impl Handler<LoadSnapshot> for Recorder {
+    type Result = ();
+
+    /// A metadata seed's listener: the image up to the snapshot's end
+    /// replaces the records before it.
+    fn handle(&mut self, msg: LoadSnapshot, _ctx: &mut Context<Self>) {
+        self.next.set(self.next.get().max(msg.id.end_offset));
+    }
+}
+
 impl Handler<LeaderChanged> for Recorder {
     type Result = ();
 
@@ -302,11 +338,18 @@ struct World {
     crashes: u64,
     compacted_starts: u64,
     steps: u64,
+    /// The controller workload of a metadata seed.
+    workload: metadata::Shared,
 }
 
-pub fn node_config(id: NodeId, voters: &BTreeMap<NodeId, String>, observer: bool) -> Config {
+pub fn node_config(id: NodeId, voters: &BTreeMap<NodeId, String>, observer: bool, metadata: bool) -> Config {
     let mut config = Config::default();
-    config.node.state_machine = kraft::config::StateMachineKind::Log;
+    config.node.state_machine = match metadata {
+        true => kraft::config::StateMachineKind::Metadata,
+        false => kraft::config::StateMachineKind::Log,
+    };
+    config.broker.heartbeat_interval_ms = 50;
+    config.broker.session_timeout_ms = 400;
     config.node.roles = vec![kraft::config::NodeRole::Controller];
     config.node.id = id;
     config.node.cluster_id = "actor-sim".to_string();
@@ -330,6 +373,7 @@ pub fn node_config(id: NodeId, voters: &BTreeMap<NodeId, String>, observer: bool
 
 impl World {
     fn new(seed: u64, params: Params, mut rng: SmallRng) -> World {
+        let metadata = params.metadata;
         let voters: BTreeMap<NodeId, String> = (1..=params.voters as NodeId)
             .map(|id| (id, format!("127.0.0.1:{}", 9000 + id)))
             .collect();
@@ -340,14 +384,14 @@ impl World {
             .chain(observers.map(|id| (id, true)))
             .map(|(id, observer)| SimNode {
                 id,
-                config: node_config(id, &voters, observer),
+                config: node_config(id, &voters, observer, params.metadata),
                 disk: Disk::new(),
                 incarnation: 0,
                 up: None,
             })
             .collect();
         let net_rng = SmallRng::seed_from_u64(rng.gen());
-        let request_timeout = Duration::from_millis(node_config(1, &voters, false).quorum.request_timeout_ms);
+        let request_timeout = Duration::from_millis(node_config(1, &voters, false, false).quorum.request_timeout_ms);
         World {
             seed,
             params,
@@ -363,7 +407,9 @@ impl World {
                 snapshots: 0,
                 failure: None,
                 hash: 0xcbf2_9ce4_8422_2325,
+                metadata,
             })),
+            workload: Rc::default(),
             client_in_flight: Rc::new(Cell::new(0)),
             next_value: 0,
             crashes: 0,
@@ -398,11 +444,24 @@ impl World {
             checker: self.checker.clone(),
         }
         .start();
+        let metadata = self.params.metadata;
         let listener = Listener {
             committed: recorder.clone().recipient(),
-            leader_changed: Some(recorder.recipient()),
-            load_snapshot: None,
+            leader_changed: Some(recorder.clone().recipient()),
+            load_snapshot: metadata.then(|| recorder.recipient()),
         };
+        if metadata {
+            let images = metadata::ImageRecorder {
+                node: node.id,
+                last: None,
+                workload: self.workload.clone(),
+                checker: self.checker.clone(),
+            }
+            .start();
+            handle
+                .subscribe_metadata(images.recipient())
+                .expect("a metadata node takes subscribers");
+        }
         handle
             .register_listener(listener)
             .await
@@ -533,7 +592,15 @@ impl World {
         let pause = self.rng.gen_range(1..=10);
         tokio::time::sleep(Duration::from_millis(pause)).await;
         if self.rng.gen_bool(self.params.client) {
-            self.client_append();
+            match self.params.metadata {
+                true => {
+                    if let Some(index) = self.pick(true) {
+                        let handle = self.nodes[index].up.as_ref().unwrap().handle.clone();
+                        metadata::operate(handle, &mut self.rng, &self.workload, &self.checker);
+                    }
+                }
+                false => self.client_append(),
+            }
         }
         if self.rng.gen_bool(self.params.crash) {
             if let Some(index) = self.pick(true) {
@@ -594,6 +661,9 @@ impl World {
         if !self.failed() {
             self.check_acknowledged();
         }
+        if !self.failed() && self.params.metadata {
+            self.check_images();
+        }
         self.report(origin)
     }
 
@@ -652,6 +722,11 @@ impl World {
         for node in &self.nodes {
             let up = node.up.as_ref()?;
             let status = up.handle.describe().await.ok()?;
+            if status.role == "leader" && self.params.metadata {
+                self.next_value += 1;
+                let offset = metadata::probe(&up.handle, self.next_value).await?;
+                return Some(offset + 1);
+            }
             if status.role == "leader" {
                 let appended = up.handle.append(vec![b"liveness probe".to_vec()]).await.ok()?;
                 self.checker.borrow_mut().on_acked(appended, b"liveness probe".to_vec());
@@ -659,6 +734,26 @@ impl World {
             }
         }
         None
+    }
+
+    /// Every node replayed all it delivered (a record that did not replay
+    /// would have stopped its image), and holds every acknowledged topic.
+    fn check_images(&mut self) {
+        for node in &self.nodes {
+            let Some(up) = &node.up else { continue };
+            let image = up.handle.metadata_image().expect("a metadata node");
+            let mut checker = self.checker.borrow_mut();
+            if image.offset + 1 < up.progress.get() {
+                let what = format!(
+                    "node {}: its image stopped at offset {} but it delivered up to {}",
+                    node.id,
+                    image.offset,
+                    up.progress.get()
+                );
+                checker.fail(what);
+            }
+            metadata::check_final(node.id, &image, &self.workload.borrow(), &mut checker);
+        }
     }
 
     fn check_acknowledged(&mut self) {
@@ -691,6 +786,9 @@ impl World {
             committed: checker.committed.len() as u64,
             snapshots: checker.snapshots,
             compacted_starts: self.compacted_starts,
+            ops_acked: self.workload.borrow().ops_acked,
+            ops_refused: self.workload.borrow().ops_refused,
+            images: self.workload.borrow().images,
             sent,
             lost,
             failure: checker.failure.clone(),
