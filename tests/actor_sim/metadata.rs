@@ -126,7 +126,7 @@ impl Handler<MetadataUpdate> for ImageRecorder {
                 if p.leader == NO_LEADER {
                     continue;
                 }
-                if !image.brokers.get(&p.leader).is_some_and(|b| !b.fenced) {
+                if image.brokers.get(&p.leader).is_none_or(|b| b.fenced) {
                     checker.fail(format!(
                         "node {} at offset {}: {}-{partition} is led by broker {}, which is fenced or gone",
                         self.node, image.offset, topic.name, p.leader
