@@ -46,6 +46,8 @@ fn config(id: NodeId, ports: &[u16], dir: &Path) -> Config {
     config.node.cluster_id = "metadata-test".to_string();
     config.node.data_dir = dir.to_path_buf();
     config.node.state_machine = StateMachineKind::Metadata;
+    // Controllers only: the tests register the brokers they want.
+    config.node.roles = vec![NodeRole::Controller];
     config.quorum.voters = ports
         .iter()
         .enumerate()
@@ -581,6 +583,76 @@ async fn brokers_register_through_any_voter_and_a_stopping_broker_hands_its_lead
     );
 
     for node in brokers.into_iter().chain(voters) {
+        node.shutdown().await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_follower_behind_the_log_start_installs_the_leaders_image_snapshot_and_agrees() {
+    let ports: Vec<u16> = (0..3).map(|_| ports::free_port()).collect();
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let config_of = |i: usize| {
+        let mut config = config(i as NodeId + 1, &ports, dirs[i].path());
+        // Snapshots only on demand; the cleaner compacts at once.
+        config.snapshot.max_bytes_between = u64::MAX;
+        config.log.retention_bytes = 1;
+        config.log.cleaner_interval_ms = 50;
+        // No broker is fenced while the images are compared.
+        config.broker.session_timeout_ms = 600_000;
+        config
+    };
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(Some(node::start(config_of(i)).await.unwrap()));
+    }
+    let active = |nodes: &Vec<Option<NodeHandle>>| nodes.iter().flatten().cloned().collect::<Vec<_>>();
+    eventually("an active controller", || async {
+        active(&nodes)[0]
+            .operate(Operation::RegisterBroker(registration(9)))
+            .await
+            .ok()
+    })
+    .await;
+    let leader = nodes[0].as_ref().unwrap().describe().await.unwrap().leader_id.unwrap() as usize - 1;
+    let follower = (leader + 1) % 3;
+    let leader_node = nodes[leader].clone().unwrap();
+    unfenced_broker(&leader_node, 7).await;
+    leader_node.operate(new_topic("before", 2)).await.unwrap();
+    nodes[follower].take().unwrap().shutdown().await;
+    for i in 0..20 {
+        leader_node.operate(new_topic(&format!("away-{i}"), 1)).await.unwrap();
+    }
+    leader_node
+        .operate(Operation::DeleteTopic { name: "away-3".into() })
+        .await
+        .unwrap();
+    eventually("the leader's image to have everything", || async {
+        leader_node
+            .metadata_image()
+            .filter(|i| i.topic("away-19").is_some() && i.topic("away-3").is_none())
+    })
+    .await;
+    let snapshot = leader_node.create_snapshot().await.expect("snapshot written");
+    eventually("the leader to compact its log", || async {
+        let status = leader_node.describe().await.ok()?;
+        (status.log_start_offset == snapshot.end_offset).then_some(())
+    })
+    .await;
+
+    let restarted = node::start(config_of(follower)).await.unwrap();
+    nodes[follower] = Some(restarted.clone());
+    let last = leader_node.operate(new_topic("after", 1)).await.unwrap().image;
+    let image = eventually("the follower to install the snapshot and catch up", || async {
+        let status = restarted.describe().await.ok()?;
+        let image = restarted.metadata_image()?;
+        (status.log_start_offset >= snapshot.end_offset && image.topic("after").is_some()).then_some(image)
+    })
+    .await;
+    assert_eq!(image.topics_by_id, last.topics_by_id);
+    assert_eq!(image.brokers, last.brokers);
+    assert_eq!(image.features, last.features);
+    assert!(image.topic("away-3").is_none() && image.topic("before").is_some());
+    for node in nodes.into_iter().flatten() {
         node.shutdown().await;
     }
 }

@@ -67,6 +67,9 @@ pub struct KraftCluster {
     voters: String,
     /// Appended to every node's config (e.g. `[log]` and `[snapshot]` keys).
     extra_toml: String,
+    /// The nodes keep the metadata image (the voters in combined mode)
+    /// instead of a raw log.
+    metadata: bool,
     dir: tempfile::TempDir,
 }
 
@@ -110,16 +113,22 @@ impl KraftCluster {
     /// config, observers added later included. It may only add tables the
     /// generated config does not have (`[log]`, `[snapshot]`, `[metadata]`).
     pub fn start_with(bin: &Path, data_root: &Path, extra_toml: &str) -> Result<KraftCluster> {
-        KraftCluster::launch(bin, data_root, extra_toml, false)
+        KraftCluster::launch(bin, data_root, extra_toml, false, false)
+    }
+
+    /// Three voters in metadata mode, each also a broker (combined mode);
+    /// observers added later are brokers.
+    pub fn start_metadata(bin: &Path, data_root: &Path, extra_toml: &str) -> Result<KraftCluster> {
+        KraftCluster::launch(bin, data_root, extra_toml, false, true)
     }
 
     /// [`KraftCluster::start`] with every voter serving the client protocol
     /// too (`listeners.client`, on a free port; see `client`).
     pub fn start_native(bin: &Path, data_root: &Path) -> Result<KraftCluster> {
-        KraftCluster::launch(bin, data_root, "", true)
+        KraftCluster::launch(bin, data_root, "", true, false)
     }
 
-    fn launch(bin: &Path, data_root: &Path, extra_toml: &str, native: bool) -> Result<KraftCluster> {
+    fn launch(bin: &Path, data_root: &Path, extra_toml: &str, native: bool, metadata: bool) -> Result<KraftCluster> {
         let dir = procs::data_dir(data_root, "kraft-bench-kraft-")?;
         let nanos = procs::since_epoch().as_nanos();
         let cluster_id = format!("bench-{}-{nanos:x}", std::process::id());
@@ -147,6 +156,7 @@ impl KraftCluster {
             cluster_id,
             voters,
             extra_toml: extra_toml.to_string(),
+            metadata,
             dir,
         };
         for i in 0..3 {
@@ -172,6 +182,10 @@ impl KraftCluster {
         let config = self.dir.path().join(format!("node{id}.toml"));
         let data_dir = self.dir.path().join(format!("node-{id}"));
         let mut text = node_config(id, role, &data_dir, &self.cluster_id, raft, http, &self.voters);
+        if self.metadata {
+            text = text.replace("state_machine = \"log\"", "state_machine = \"metadata\"");
+            text = text.replace("roles = [\"controller\"]", "roles = [\"broker\", \"controller\"]");
+        }
         if let Some(client) = self.client.get(id - 1) {
             let http_line = format!("http = \"127.0.0.1:{http}\"\n");
             text = text.replace(&http_line, &format!("{http_line}client = \"{client}\"\n"));

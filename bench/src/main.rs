@@ -29,6 +29,7 @@ mod http;
 mod http_stub;
 mod kraft_cluster;
 mod load;
+mod metadata;
 mod plot;
 mod procs;
 mod soak;
@@ -65,6 +66,8 @@ enum Command {
     State(StateArgs),
     /// Disk use under a steady write load with small snapshot and retention limits, sampled over minutes (3 real processes).
     Soak(SoakArgs),
+    /// The metadata layer: image replay, memory and snapshot size in this process; topic creations, a broker's fencing and a controller's failover on 3 real processes.
+    Metadata(MetadataArgs),
     /// Only the machine's limits: fdatasync'd appends and the loopback TCP round trip.
     Limits(CommonArgs),
     /// Redraws the chart of a results JSON written by `cluster` (next to it, .svg).
@@ -181,6 +184,28 @@ struct StateArgs {
     /// Longest wait, in seconds, for any one step (replication, a snapshot, compaction, a join, a restart).
     #[arg(long, default_value_t = 600.0)]
     wait_secs: f64,
+}
+
+#[derive(Args)]
+struct MetadataArgs {
+    #[command(flatten)]
+    cluster: ProcessClusterArgs,
+    /// Topics in the image built in this process.
+    #[arg(long, default_value_t = 100_000)]
+    topics: u64,
+    /// Partitions of each of those topics.
+    #[arg(long, default_value_t = 10)]
+    partitions_per_topic: u64,
+    /// Closed-loop clients creating topics.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    #[arg(long, default_value_t = 10)]
+    duration_secs: u64,
+    #[arg(long, default_value_t = 2)]
+    warmup_secs: u64,
+    /// The brokers' broker.session_timeout_ms (the heartbeat interval is a quarter of it).
+    #[arg(long, default_value_t = 3000)]
+    session_timeout_ms: u64,
 }
 
 #[derive(Args)]
@@ -313,6 +338,7 @@ fn main() -> ExitCode {
         Command::Ab(args) => args.common.keep_data,
         Command::State(args) => args.cluster.keep_data,
         Command::Soak(args) => args.cluster.keep_data,
+        Command::Metadata(args) => args.cluster.keep_data,
         Command::Limits(args) => args.keep_data,
         Command::Plot { .. } | Command::HttpStub { .. } => false,
     };
@@ -323,6 +349,7 @@ fn main() -> ExitCode {
         Command::Ab(args) => ab(args),
         Command::State(args) => state(args),
         Command::Soak(args) => soak(args),
+        Command::Metadata(args) => metadata(args),
         Command::Limits(args) => limits(args),
         Command::Plot { results } => harness::replot(&results).map(|svg| println!("chart: {}", svg.display())),
         Command::HttpStub { listen } => http_stub::serve(listen),
@@ -464,6 +491,24 @@ fn state(args: StateArgs) -> anyhow::Result<()> {
         data_root: args.cluster.data_root,
     };
     until_interrupted(2, state::run(options))
+}
+
+fn metadata(args: MetadataArgs) -> anyhow::Result<()> {
+    let options = metadata::MetadataOptions {
+        topics: args.topics,
+        partitions_per_topic: args.partitions_per_topic,
+        concurrency: args.concurrency,
+        window: load::Window {
+            warmup: Duration::from_secs(args.warmup_secs),
+            measure: Duration::from_secs(args.duration_secs),
+        },
+        session_timeout_ms: args.session_timeout_ms,
+        kraft_bin: args.cluster.kraft_bin,
+        repo_root: repo_root(),
+        out: args.cluster.out,
+        data_root: args.cluster.data_root,
+    };
+    until_interrupted(2, metadata::run(options))
 }
 
 fn soak(args: SoakArgs) -> anyhow::Result<()> {

@@ -96,6 +96,12 @@ pub enum Operation {
         topic: String,
         partition: i32,
     },
+    /// The controller's own: fence a broker whose session expired, unless
+    /// it was heard from since.
+    FenceExpired {
+        broker_id: BrokerId,
+        broker_epoch: i64,
+    },
 }
 
 /// What a committed operation answers.
@@ -471,6 +477,21 @@ impl Controller {
             Operation::ElectPreferred { topic, partition } => {
                 Ok(ops::elect_preferred(image, topic, *partition)?.into_iter().collect())
             }
+            Operation::FenceExpired {
+                broker_id,
+                broker_epoch,
+            } => {
+                // A heartbeat may have come while this waited in the queue.
+                let current = image
+                    .brokers
+                    .get(broker_id)
+                    .is_some_and(|b| b.epoch == *broker_epoch && !b.fenced);
+                if !current || self.sessions.alive(*broker_id, now) {
+                    return Ok(Vec::new());
+                }
+                info!(broker = broker_id, "fencing a broker whose session expired");
+                Ok(ops::fence_broker(image, *broker_id, false))
+            }
             Operation::AlterPartitions { .. } => unreachable!("planned by plan"),
         }
     }
@@ -534,15 +555,11 @@ impl Controller {
             if broker.fenced {
                 continue;
             }
-            info!(broker = id, "fencing a broker whose session expired");
             let (reply, _) = oneshot::channel();
             self.queue.push_back(Queued {
-                operation: Operation::BrokerHeartbeat {
+                operation: Operation::FenceExpired {
                     broker_id: id,
                     broker_epoch: broker.epoch,
-                    metadata_offset: -1,
-                    want_fence: true,
-                    want_shutdown: false,
                 },
                 reply,
             });
@@ -625,6 +642,19 @@ impl Handler<Operate> for Controller {
         if self.active.is_none() {
             let error = self.not_controller();
             return Box::pin(async move { Err(error) });
+        }
+        // A heartbeat counts when it arrives, not when its turn comes: a
+        // batch in flight must not let its session expire.
+        if let Operation::BrokerHeartbeat {
+            broker_id,
+            broker_epoch,
+            ..
+        } = &msg.0
+        {
+            if ops::registered(&self.image, *broker_id, *broker_epoch).is_ok() {
+                let now = self.now_ms();
+                self.sessions.touch(*broker_id, now);
+            }
         }
         let (reply, answer) = oneshot::channel();
         self.queue.push_back(Queued {
