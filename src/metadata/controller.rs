@@ -422,9 +422,7 @@ pub fn fence_broker(image: &MetadataImage, id: BrokerId, shutting_down: bool) ->
     let mut records = Vec::new();
     for topic in image.topics_by_id.values() {
         for (partition_id, partition) in &topic.partitions {
-            let change = partitions::fence(topic.id, *partition_id, partition, id, |r| {
-                r != id && may_lead(image, r)
-            });
+            let change = partitions::fence(topic.id, partition_id, partition, id, |r| r != id && may_lead(image, r));
             if let Some(change) = change {
                 records.push(MetadataRecord::PartitionChange(change));
             }
@@ -471,7 +469,7 @@ pub fn unfence_broker(image: &MetadataImage, id: BrokerId) -> Vec<MetadataRecord
                 let leader = partitions::elect(partition, |r| r == id || may_lead(image, r));
                 if let Some(leader) = leader {
                     records.push(MetadataRecord::PartitionChange(PartitionChangeRecord {
-                        partition_id: *partition_id,
+                        partition_id: partition_id,
                         topic_id: topic.id,
                         isr: None,
                         leader: Some(leader),
@@ -962,10 +960,7 @@ mod tests {
         let image = with(&image, &records);
         let grown = with(&image, &create_partitions(&image, "orders", 5, &mut rng()).unwrap());
         let topic = grown.topic("orders").unwrap();
-        assert_eq!(
-            topic.partitions.keys().copied().collect::<Vec<_>>(),
-            vec![0, 1, 2, 3, 4]
-        );
+        assert_eq!(topic.partitions.keys().collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
         assert!(
             topic.partitions.values().all(|p| p.replicas.len() == 2),
             "the topic's replication factor"

@@ -7,6 +7,7 @@
 //! written to a snapshot on another thread while replay goes on.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use imbl::OrdMap;
 use uuid::Uuid;
@@ -47,7 +48,80 @@ pub struct PartitionRegistration {
 pub struct TopicImage {
     pub name: String,
     pub id: Uuid,
-    pub partitions: OrdMap<i32, PartitionRegistration>,
+    pub partitions: Partitions,
+}
+
+/// A topic's partitions by id, which are dense from 0 (Kafka's). Shared by
+/// every image until one of them changes; then the topic's list is copied.
+/// A persistent map would share more of it, but its nodes hold 64 slots
+/// each: with topics of a few partitions that was about 770 bytes of
+/// memory per partition, where a list takes its partitions' size.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Partitions(Arc<Vec<PartitionRegistration>>);
+
+impl Partitions {
+    pub fn get(&self, id: &i32) -> Option<&PartitionRegistration> {
+        usize::try_from(*id).ok().and_then(|i| self.0.get(i))
+    }
+
+    pub fn contains_key(&self, id: &i32) -> bool {
+        self.get(id).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// (id, partition), by id.
+    pub fn iter(&self) -> impl Iterator<Item = (i32, &PartitionRegistration)> {
+        self.0.iter().enumerate().map(|(i, p)| (i as i32, p))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = i32> + '_ {
+        0..self.0.len() as i32
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &PartitionRegistration> {
+        self.0.iter()
+    }
+
+    /// Adds partition `id`, which must be the next one.
+    fn push(&mut self, id: i32, partition: PartitionRegistration) -> Result<(), String> {
+        if usize::try_from(id).ok() != Some(self.0.len()) {
+            return Err(format!(
+                "partition {id} is not the next one (there are {})",
+                self.0.len()
+            ));
+        }
+        Arc::make_mut(&mut self.0).push(partition);
+        Ok(())
+    }
+
+    fn get_mut(&mut self, id: &i32) -> Option<&mut PartitionRegistration> {
+        let i = usize::try_from(*id).ok().filter(|i| *i < self.0.len())?;
+        Arc::make_mut(&mut self.0).get_mut(i)
+    }
+}
+
+impl<'a> IntoIterator for &'a Partitions {
+    type Item = (i32, &'a PartitionRegistration);
+    type IntoIter = Box<dyn Iterator<Item = (i32, &'a PartitionRegistration)> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
+}
+
+impl std::ops::Index<&i32> for Partitions {
+    type Output = PartitionRegistration;
+
+    fn index(&self, id: &i32) -> &PartitionRegistration {
+        self.get(id).expect("no such partition")
+    }
 }
 
 /// A resource that has configs: a topic, a broker, or the cluster default
@@ -146,7 +220,7 @@ impl MetadataImage {
             }));
             for (id, p) in &topic.partitions {
                 records.push(MetadataRecord::Partition(PartitionRecord {
-                    partition_id: *id,
+                    partition_id: id,
                     topic_id: topic.id,
                     replicas: p.replicas.clone(),
                     isr: p.isr.clone(),
@@ -307,7 +381,7 @@ impl MetadataDelta {
                     TopicImage {
                         name: r.name.clone(),
                         id: r.topic_id,
-                        partitions: OrdMap::new(),
+                        partitions: Partitions::default(),
                     },
                 );
                 self.changes.topics.insert(r.topic_id);
@@ -317,18 +391,22 @@ impl MetadataDelta {
                 if topic.partitions.contains_key(&r.partition_id) {
                     return Err(fail(format!("partition {} of {} exists", r.partition_id, topic.name)));
                 }
-                topic.partitions.insert(
-                    r.partition_id,
-                    PartitionRegistration {
-                        replicas: r.replicas.clone(),
-                        isr: r.isr.clone(),
-                        removing_replicas: r.removing_replicas.clone(),
-                        adding_replicas: r.adding_replicas.clone(),
-                        leader: r.leader,
-                        leader_epoch: r.leader_epoch,
-                        partition_epoch: r.partition_epoch,
-                    },
-                );
+                let name = topic.name.clone();
+                topic
+                    .partitions
+                    .push(
+                        r.partition_id,
+                        PartitionRegistration {
+                            replicas: r.replicas.clone(),
+                            isr: r.isr.clone(),
+                            removing_replicas: r.removing_replicas.clone(),
+                            adding_replicas: r.adding_replicas.clone(),
+                            leader: r.leader,
+                            leader_epoch: r.leader_epoch,
+                            partition_epoch: r.partition_epoch,
+                        },
+                    )
+                    .map_err(|e| fail(format!("{name}: {e}")))?;
                 self.changes.topics.insert(r.topic_id);
             }
             MetadataRecord::PartitionChange(r) => {

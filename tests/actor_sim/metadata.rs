@@ -104,7 +104,7 @@ impl Handler<MetadataUpdate> for ImageRecorder {
                     continue;
                 };
                 for (partition, now) in &topic.partitions {
-                    let Some(was) = before.partitions.get(partition) else {
+                    let Some(was) = before.partitions.get(&partition) else {
                         continue;
                     };
                     if now.leader_epoch < was.leader_epoch || now.partition_epoch < was.partition_epoch {
@@ -228,7 +228,7 @@ pub fn operate(node: NodeHandle, rng: &mut SmallRng, workload: &Shared, checker:
                 for topic in image.topics_by_id.values() {
                     for (partition, p) in &topic.partitions {
                         if let Some((_, Some(epoch))) = w.brokers.get(&p.leader) {
-                            candidates.push((topic.id, *partition, p.clone(), p.leader, *epoch));
+                            candidates.push((topic.id, partition, p.clone(), p.leader, *epoch));
                         }
                     }
                 }
