@@ -148,7 +148,7 @@ pub(crate) async fn controlled_shutdown(node: &NodeHandle, side: &BrokerSide) {
     info!(broker = id, "asking the controller for a controlled shutdown");
     while tokio::time::Instant::now() < deadline {
         match node.operate(side.heartbeat(node, epoch, true)).await {
-            Ok(answer) if answer.heartbeat.is_some_and(|(_, _, shut_down)| shut_down) => {
+            Ok(answer) if answer.heartbeat.is_some_and(|h| h.should_shut_down) => {
                 info!(broker = id, "the controller moved this broker's partitions; stopping");
                 return;
             }

@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::actors::transport::read_frame;
 use crate::api::MAX_IN_FLIGHT;
 use crate::messages::client::{self, ClientFrame, ClientRequest, ClientResponse, CLIENT_PROTOCOL_VERSION};
+use crate::messages::controller::{Operation, OperationAnswer};
 use crate::messages::Record;
 use crate::node::{Appended, QuorumStatus, RecordPage};
 use crate::raft::Offset;
@@ -206,6 +207,18 @@ impl Client {
     pub async fn quorum(&mut self) -> Result<QuorumStatus, Error> {
         match self.call(ClientRequest::Quorum).await? {
             ClientResponse::Quorum(status) => Ok(status),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Runs a controller operation on a node whose `node.state_machine` is
+    /// `"metadata"` (forwarded to the active controller); resolves once its
+    /// records are committed and the node's image shows them. A refusal is
+    /// [`Error::Node`] with [`ClientError::Controller`] (Kafka's error
+    /// name in its `code()`).
+    pub async fn operate(&mut self, operation: Operation) -> Result<OperationAnswer, Error> {
+        match self.call(ClientRequest::Operate(operation)).await? {
+            ClientResponse::Operated(answer) => Ok(answer),
             other => Err(self.unexpected(&other)),
         }
     }

@@ -28,7 +28,8 @@ use actix::{Actor, Addr, AsyncContext, Context, Recipient};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info, warn};
 
-pub use crate::actors::controller::{Answer, Operation};
+pub use crate::actors::controller::Answer;
+pub use crate::messages::controller::{HeartbeatAnswer, Operation, OperationAnswer};
 use crate::actors::controller::{Controller, Operate};
 use crate::actors::controller_client::{ControllerClient, Forward};
 use crate::actors::fetch_purgatory::{FetchPurgatory, GetCommitStats, StopPurgatory};
@@ -726,11 +727,11 @@ impl NodeHandle {
     }
 
     /// Runs a controller operation and resolves once its records are
-    /// committed. On a node that is not the active controller (a follower,
-    /// a broker) the operation is forwarded to the one that is, and the
-    /// answer waits until this node's own image reflects it (at most a
-    /// request timeout longer), so that what follows reads its result here.
-    /// NOT_CONTROLLER when no active controller is known.
+    /// committed and this node's own image reflects them (at most a request
+    /// timeout longer), so that what follows reads its result here. On a
+    /// node that is not the active controller (a follower, a broker) the
+    /// operation is forwarded to the one that is. NOT_CONTROLLER when no
+    /// active controller is known.
     pub async fn operate(&self, operation: Operation) -> Result<Answer, ControllerError> {
         let (Some(publisher), Some(client)) = (&self.inner.metadata, &self.inner.controller_client) else {
             return Err(ControllerError::InvalidRequest(
@@ -742,41 +743,47 @@ impl NodeHandle {
                 Ok(Err(ControllerError::NotController {
                     leader_id: Some(leader),
                     ..
-                })) if leader != self.inner.node_id => leader,
-                Ok(result) => return result,
+                })) if leader != self.inner.node_id => Some(leader),
+                Ok(Ok(answer)) => return self.replayed(publisher, answer.remote()).await,
+                Ok(Err(refused)) => return Err(refused),
                 Err(e) => return Err(ControllerError::Unavailable(format!("the node is stopped ({e})"))),
             },
-            None => match self.describe().await.ok().and_then(|s| s.leader_id) {
-                Some(leader) => leader,
-                None => {
-                    return Err(ControllerError::NotController {
-                        leader_id: None,
-                        message: "no active controller is known yet; retry".to_string(),
-                    })
-                }
-            },
+            None => self.describe().await.ok().and_then(|s| s.leader_id),
         };
-        let forwarded = client
+        let Some(leader) = leader else {
+            return Err(ControllerError::NotController {
+                leader_id: None,
+                message: "no active controller is known yet; retry".to_string(),
+            });
+        };
+        let answer = client
             .send(Forward { to: leader, operation })
             .await
             .map_err(|e| ControllerError::Unavailable(format!("the node is stopped ({e})")))??;
+        self.replayed(publisher, answer).await
+    }
+
+    /// `answer` once this node's image has reached its offset. The active
+    /// controller's own image runs ahead of the one its node publishes, by
+    /// the turn the listeners take to replay the same commit.
+    async fn replayed(&self, publisher: &MetadataPublisher, answer: OperationAnswer) -> Result<Answer, ControllerError> {
         let mut images = publisher.watch();
         let wait = Duration::from_millis(self.inner.request_timeout_ms);
-        let caught_up = tokio::time::timeout(wait, images.wait_for(|image| image.offset >= forwarded.offset)).await;
+        let caught_up = tokio::time::timeout(wait, images.wait_for(|image| image.offset >= answer.offset)).await;
         let image = match caught_up {
             Ok(Ok(image)) => image.clone(),
             _ => {
                 return Err(ControllerError::Unavailable(format!(
                     "the operation committed at offset {}, which this node has not replayed within {wait:?}",
-                    forwarded.offset
+                    answer.offset
                 )))
             }
         };
         Ok(Answer {
             image,
-            broker_epoch: forwarded.broker_epoch,
-            heartbeat: forwarded.heartbeat,
-            refusals: forwarded.refusals,
+            broker_epoch: answer.broker_epoch,
+            heartbeat: answer.heartbeat,
+            refusals: answer.refusals,
         })
     }
 

@@ -954,3 +954,95 @@ async fn an_answer_after_a_refusal_as_too_large_fails_the_rest_as_a_protocol_err
         assert!(matches!(&outcomes[*task], Err(Error::Protocol { .. })), "{outcomes:?}");
     }
 }
+
+#[actix_rt::test]
+async fn controller_operations_run_over_the_client_protocol_with_kafkas_error_names() {
+    use kraft::config::{NodeRole, StateMachineKind};
+    use kraft::metadata::controller::{BrokerRegistrationRequest, NewTopic, TopicLayout};
+    use kraft::node::Operation;
+
+    let served = Served::leader_with(default_limits(), |config| {
+        config.node.state_machine = StateMachineKind::Metadata;
+        config.node.roles = vec![NodeRole::Controller];
+    })
+    .await;
+    let mut client = Client::connect(served.addr).await.unwrap();
+    let registration = Operation::RegisterBroker(BrokerRegistrationRequest {
+        broker_id: 1,
+        incarnation_id: uuid::Uuid::new_v4(),
+        listeners: Vec::new(),
+        rack: None,
+        features: Vec::new(),
+    });
+    // The controller is active once replay reached its epoch's start.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let registered = loop {
+        match client.operate(registration.clone()).await {
+            Ok(answer) => break answer,
+            Err(Error::Node(ClientError::Controller(err))) if err.code() == "NOT_CONTROLLER" => {
+                assert!(tokio::time::Instant::now() < deadline, "no active controller after {WAIT:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(other) => panic!("registration refused: {other}"),
+        }
+    };
+    let epoch = registered.broker_epoch.expect("a registration answers its broker epoch");
+    let beat = client
+        .operate(Operation::BrokerHeartbeat {
+            broker_id: 1,
+            broker_epoch: epoch,
+            metadata_offset: registered.offset,
+            want_fence: false,
+            want_shutdown: false,
+        })
+        .await
+        .unwrap();
+    let beat = beat.heartbeat.expect("a heartbeat answers one");
+    assert!(beat.is_caught_up && !beat.is_fenced, "{beat:?}");
+
+    let topic = Operation::CreateTopic(NewTopic {
+        name: "over-the-wire".to_string(),
+        layout: TopicLayout::Counts {
+            partitions: 2,
+            replication_factor: 1,
+        },
+        configs: BTreeMap::new(),
+    });
+    let created = client.operate(topic.clone()).await.unwrap();
+    assert!(created.offset > registered.offset);
+    let image = served.node.metadata_image().unwrap();
+    assert!(image.offset >= created.offset, "answered once this node's image shows it");
+    assert_eq!(image.topic("over-the-wire").unwrap().partitions.len(), 2);
+
+    match client.operate(topic).await {
+        Err(Error::Node(err @ ClientError::Controller(_))) => assert_eq!(err.code(), "TOPIC_ALREADY_EXISTS"),
+        other => panic!("expected TOPIC_ALREADY_EXISTS, got {other:?}"),
+    }
+    // The controller's own operation is not taken from clients.
+    let fence = Operation::FenceExpired {
+        broker_id: 1,
+        broker_epoch: epoch,
+    };
+    match client.operate(fence).await {
+        Err(Error::Node(ClientError::BadRequest(message))) => assert!(message.contains("FenceExpired"), "{message}"),
+        other => panic!("expected BAD_REQUEST, got {other:?}"),
+    }
+    assert!(!served.node.metadata_image().unwrap().brokers.get(&1).unwrap().fenced);
+    served.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_node_in_log_mode_refuses_controller_operations() {
+    let served = Served::leader(default_limits()).await;
+    let mut client = Client::connect(served.addr).await.unwrap();
+    let operation = kraft::node::Operation::DeleteTopic {
+        name: "none".to_string(),
+    };
+    match client.operate(operation).await {
+        Err(Error::Node(ClientError::Controller(err))) => {
+            assert!(err.to_string().contains("keeps no metadata"), "{err}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    served.stop().await;
+}

@@ -98,7 +98,7 @@ async fn unfenced_broker(node: &NodeHandle, id: i32) -> i64 {
             want_shutdown: false,
         };
         let answer = node.operate(beat).await.ok()?;
-        (!answer.heartbeat?.0).then_some(())
+        (!answer.heartbeat?.is_fenced).then_some(())
     })
     .await;
     epoch

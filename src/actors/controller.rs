@@ -44,65 +44,18 @@ use tracing::{info, warn};
 use crate::actors::quorum_state::{Propose, QuorumState};
 use crate::messages::actor::{ControllerInbound, LeaderChanged};
 use crate::messages::RaftResponse;
+pub use crate::messages::controller::{
+    decode_answer, encode_answer, encode_operation, HeartbeatAnswer, Operation, OperationAnswer, MAX_OPERATION_BYTES,
+};
 use crate::metadata::controller::{self as ops, ControllerError, MAX_RECORDS_PER_OPERATION};
 use crate::metadata::heartbeats::Sessions;
 use crate::metadata::image::{MetadataDelta, MetadataImage};
-use crate::metadata::records::{BrokerId, MetadataRecord};
+use crate::metadata::records::MetadataRecord;
 use crate::metadata::replay::MetadataUpdate;
 use crate::types::{AppendError, Epoch, NodeId, Offset};
 
 /// How often sessions are checked for expiry.
 const SESSION_CHECK_MS: u64 = 100;
-
-/// What an operation asks the controller to do.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub enum Operation {
-    RegisterBroker(ops::BrokerRegistrationRequest),
-    BrokerHeartbeat {
-        broker_id: BrokerId,
-        broker_epoch: i64,
-        metadata_offset: Offset,
-        want_fence: bool,
-        want_shutdown: bool,
-    },
-    UnregisterBroker {
-        broker_id: BrokerId,
-    },
-    CreateTopic(ops::NewTopic),
-    DeleteTopic {
-        name: String,
-    },
-    CreatePartitions {
-        name: String,
-        count: i32,
-    },
-    AlterConfigs {
-        resource_type: i8,
-        name: String,
-        change: ops::ConfigChange,
-    },
-    /// Finalized feature levels to set (0 removes a feature).
-    UpdateFeatures {
-        levels: std::collections::BTreeMap<String, i16>,
-    },
-    /// ISR changes from partitions' leader (AlterPartition).
-    AlterPartitions {
-        broker_id: BrokerId,
-        broker_epoch: i64,
-        changes: Vec<ops::IsrChange>,
-    },
-    /// Make a partition's preferred replica its leader.
-    ElectPreferred {
-        topic: String,
-        partition: i32,
-    },
-    /// The controller's own: fence a broker whose session expired, unless
-    /// it was heard from since.
-    FenceExpired {
-        broker_id: BrokerId,
-        broker_epoch: i64,
-    },
-}
 
 /// What a committed operation answers.
 #[derive(Clone, Debug)]
@@ -113,43 +66,21 @@ pub struct Answer {
     /// A registration's broker epoch.
     pub broker_epoch: Option<i64>,
     /// A heartbeat's answer: (is_fenced, is_caught_up, should_shut_down).
-    pub heartbeat: Option<(bool, bool, bool)>,
+    pub heartbeat: Option<HeartbeatAnswer>,
     /// An AlterPartition's refusal of each change, in order (None: done).
     pub refusals: Vec<Option<ControllerError>>,
 }
 
-/// A controller's answer as it travels back to the node that forwarded the
-/// operation: the offset its image reflects once the operation committed,
-/// where that node's own image will show it.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct RemoteAnswer {
-    pub offset: Offset,
-    pub broker_epoch: Option<i64>,
-    pub heartbeat: Option<(bool, bool, bool)>,
-    pub refusals: Vec<Option<ControllerError>>,
-}
-
-/// The largest encoded operation a controller decodes from a peer.
-pub const MAX_OPERATION_BYTES: u64 = 16 << 20;
-
-/// An operation as a peer sends it.
-pub fn encode_operation(operation: &Operation) -> Vec<u8> {
-    crate::messages::codec::encode(operation)
-}
-
-/// A controller's answer as it is sent back.
-pub fn encode_answer(answer: &Result<RemoteAnswer, ControllerError>) -> Vec<u8> {
-    crate::messages::codec::encode(answer)
-}
-
-/// A controller's answer as it arrived.
-pub fn decode_answer(bytes: &[u8]) -> Result<RemoteAnswer, ControllerError> {
-    crate::messages::codec::decode_bounded::<Result<RemoteAnswer, ControllerError>>(bytes, MAX_OPERATION_BYTES)
-        .unwrap_or_else(|e| {
-            Err(ControllerError::Unavailable(format!(
-                "the controller's answer does not decode: {e}"
-            )))
-        })
+impl Answer {
+    /// The answer as it travels: the image's offset instead of the image.
+    pub fn remote(self) -> OperationAnswer {
+        OperationAnswer {
+            offset: self.image.offset,
+            broker_epoch: self.broker_epoch,
+            heartbeat: self.heartbeat,
+            refusals: self.refusals,
+        }
+    }
 }
 
 /// Runs an operation on the active controller.
@@ -530,11 +461,11 @@ impl Controller {
                 // A broker may stop once it asked to and leads nothing: in
                 // controlled shutdown, or fenced.
                 let asked = broker.in_controlled_shutdown || (broker.fenced && *want_shutdown);
-                answer.heartbeat = Some((
-                    broker.fenced,
-                    ops::caught_up(broker.epoch, *metadata_offset),
-                    asked && !ops::leads_any(image, *broker_id),
-                ));
+                answer.heartbeat = Some(HeartbeatAnswer {
+                    is_fenced: broker.fenced,
+                    is_caught_up: ops::caught_up(broker.epoch, *metadata_offset),
+                    should_shut_down: asked && !ops::leads_any(image, *broker_id),
+                });
             }
             _ => {}
         }
@@ -622,12 +553,7 @@ impl Handler<ControllerInbound> for Controller {
         let reply = msg.reply;
         ctx.spawn(
             async move {
-                let answer = answered.await.map(|answer| RemoteAnswer {
-                    offset: answer.image.offset,
-                    broker_epoch: answer.broker_epoch,
-                    heartbeat: answer.heartbeat,
-                    refusals: answer.refusals,
-                });
+                let answer = answered.await.map(Answer::remote);
                 let _ = reply.send(RaftResponse::Controller(encode_answer(&answer)));
             }
             .into_actor(self),

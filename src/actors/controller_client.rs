@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::actors::controller::{decode_answer, encode_operation, Operation, RemoteAnswer};
+use crate::actors::controller::{decode_answer, encode_operation, Operation, OperationAnswer};
 use crate::messages::actor::{RequestOutcome, SendRequest, TransportError};
 use crate::messages::{RaftRequest, RaftResponse};
 use crate::metadata::controller::ControllerError;
@@ -22,7 +22,7 @@ use crate::types::NodeId;
 /// OUTCOME_UNKNOWN when the connection was lost or timed out after the
 /// request left (it may have been carried out).
 #[derive(Message)]
-#[rtype(result = "Result<RemoteAnswer, ControllerError>")]
+#[rtype(result = "Result<OperationAnswer, ControllerError>")]
 pub struct Forward {
     pub to: NodeId,
     pub operation: Operation,
@@ -32,7 +32,7 @@ pub struct ControllerClient {
     requests: Recipient<SendRequest>,
     timeout_ms: u64,
     next_id: u64,
-    pending: HashMap<u64, oneshot::Sender<Result<RemoteAnswer, ControllerError>>>,
+    pending: HashMap<u64, oneshot::Sender<Result<OperationAnswer, ControllerError>>>,
 }
 
 impl ControllerClient {
@@ -53,7 +53,7 @@ impl Actor for ControllerClient {
 }
 
 impl Handler<Forward> for ControllerClient {
-    type Result = ResponseFuture<Result<RemoteAnswer, ControllerError>>;
+    type Result = ResponseFuture<Result<OperationAnswer, ControllerError>>;
 
     fn handle(&mut self, msg: Forward, _ctx: &mut Self::Context) -> Self::Result {
         let id = self.next_id;

@@ -56,6 +56,7 @@ use super::funnel::AppendFunnel;
 use super::local::{self, LocalServer};
 use super::NodeApi;
 use crate::actors::transport::{IDLE_TIMEOUT, WRITE_TIMEOUT};
+use crate::messages::controller::Operation;
 use crate::messages::client::{
     self, ClientError, ClientFrame, ClientRequest, ClientResponse, CLIENT_HEADER_BYTES, CLIENT_PROTOCOL_VERSION,
 };
@@ -445,6 +446,17 @@ impl<N: NodeApi> Connection<N> {
                 }
                 .boxed_local()
             }
+            ClientRequest::Operate(operation) => {
+                let node = self.node.clone();
+                async move {
+                    let answer = match node.operate(operation).await {
+                        Ok(answer) => ClientResponse::Operated(answer.remote()),
+                        Err(err) => ClientResponse::Error(ClientError::Controller(err)),
+                    };
+                    (id, answer, InFlight::bytes(len))
+                }
+                .boxed_local()
+            }
             ClientRequest::Quorum => {
                 let node = self.node.clone();
                 async move {
@@ -515,6 +527,9 @@ fn decode(frame: &[u8]) -> Decoded {
         }
         Ok(ClientRequest::Read { from, .. }) if from < 0 => {
             refused(format!("from: expected an offset >= 0, got {from}"))
+        }
+        Ok(ClientRequest::Operate(Operation::FenceExpired { .. })) => {
+            refused("FenceExpired is the controller's own operation".to_owned())
         }
         Ok(request) => Decoded::Request(id, request),
     }

@@ -25,9 +25,13 @@ pub enum ApiError {
     NotFound(String),
     #[error("method not allowed: {0}")]
     MethodNotAllowed(String),
-    /// A metadata operation or read refused, with Kafka's error name.
-    #[error(transparent)]
-    Controller(#[from] ControllerError),
+}
+
+/// A metadata operation or read refused, with Kafka's error name.
+impl From<ControllerError> for ApiError {
+    fn from(err: ControllerError) -> Self {
+        ApiError::Request(ClientError::Controller(err))
+    }
 }
 
 impl ApiError {
@@ -37,7 +41,6 @@ impl ApiError {
             ApiError::Request(err) => err.code(),
             ApiError::NotFound(_) => "NOT_FOUND",
             ApiError::MethodNotAllowed(_) => "METHOD_NOT_ALLOWED",
-            ApiError::Controller(err) => err.code(),
         }
     }
 
@@ -91,7 +94,7 @@ impl ResponseError for ApiError {
             ApiError::Request(ClientError::OutcomeUnknown(_)) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Controller(err) => match err {
+            ApiError::Request(ClientError::Controller(err)) => match err {
                 ControllerError::TopicAlreadyExists(_)
                 | ControllerError::StaleBrokerEpoch(_)
                 | ControllerError::DuplicateBrokerRegistration(_)
@@ -124,12 +127,12 @@ impl ResponseError for ApiError {
                 "leader_id": leader_id,
                 "leader_endpoint": leader_endpoint,
             }),
-            ApiError::Controller(ControllerError::NotController { leader_id, message }) => json!({
+            ApiError::Request(ClientError::Controller(ControllerError::NotController { leader_id, message })) => json!({
                 "error": self.code(),
                 "message": message,
                 "leader_id": leader_id,
             }),
-            ApiError::Controller(err) => json!({
+            ApiError::Request(ClientError::Controller(err)) => json!({
                 "error": self.code(),
                 "message": err.message(),
             }),

@@ -38,6 +38,7 @@ use crate::metadata::image::{BrokerRegistration, MetadataImage, TopicImage};
 use crate::metadata::records::{
     BrokerEndpoint, BrokerFeature, BrokerId, MetadataRecord, CONFIG_RESOURCE_BROKER, CONFIG_RESOURCE_TOPIC,
 };
+use crate::messages::controller::HeartbeatAnswer;
 use crate::node::Operation;
 use crate::node::RecordPage;
 
@@ -47,7 +48,7 @@ const SECURITY_PROTOCOLS: [&str; 4] = ["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SA
 /// The image of a node that keeps one.
 fn image_of<N: NodeApi>(node: &N) -> Result<MetadataImage, ApiError> {
     node.metadata_image().ok_or_else(|| {
-        ApiError::Controller(ControllerError::InvalidRequest(
+        ApiError::from(ControllerError::InvalidRequest(
             "this node keeps no metadata image: node.state_machine is not \"metadata\"".to_string(),
         ))
     })
@@ -186,7 +187,7 @@ pub(super) async fn broker<N: NodeApi>(node: web::Data<N>, path: web::Path<Strin
     let id = broker_id(&path)?;
     let image = image_of(node.get_ref())?;
     let broker = image.brokers.get(&id).ok_or_else(|| {
-        ApiError::Controller(ControllerError::BrokerIdNotRegistered(format!(
+        ApiError::from(ControllerError::BrokerIdNotRegistered(format!(
             "broker {id} is not registered"
         )))
     })?;
@@ -317,12 +318,12 @@ pub(super) async fn heartbeat<N: NodeApi>(
             want_shutdown: request.want_shutdown,
         })
         .await?;
-    let (is_fenced, is_caught_up, should_shut_down) = answer.heartbeat.unwrap_or((true, false, false));
-    Ok(HttpResponse::Ok().json(json!({
-        "is_fenced": is_fenced,
-        "is_caught_up": is_caught_up,
-        "should_shut_down": should_shut_down,
-    })))
+    let answer = answer.heartbeat.unwrap_or(HeartbeatAnswer {
+        is_fenced: true,
+        is_caught_up: false,
+        should_shut_down: false,
+    });
+    Ok(HttpResponse::Ok().json(answer))
 }
 
 pub(super) async fn unregister_broker<N: NodeApi>(
@@ -357,7 +358,7 @@ struct CreateTopicBody {
 }
 
 fn unknown_topic(name: &str) -> ApiError {
-    ApiError::Controller(ControllerError::UnknownTopicOrPartition(format!(
+    ApiError::from(ControllerError::UnknownTopicOrPartition(format!(
         "no topic is named {:?}",
         super::truncated(name)
     )))

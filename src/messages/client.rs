@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 use super::codec::{self, CodecError};
+use super::controller::{Operation, OperationAnswer};
 use super::records::RecordPage;
+use crate::metadata::controller::ControllerError;
 use crate::types::{AppendError, Appended, NodeId, Offset, QuorumStatus};
 
 /// The version of the client protocol, first in every frame.
@@ -48,6 +50,13 @@ pub enum ClientRequest {
     /// watermark may trail the leader's. A connection has at most two
     /// reads in flight; requests after a third wait behind it.
     Read { from: Offset, max: u32 },
+    /// A controller operation, on a node whose `node.state_machine` is
+    /// `"metadata"`: as `NodeHandle::operate` runs it, forwarded to the
+    /// active controller and answered [`ClientResponse::Operated`] once its
+    /// records are committed and this node's image shows them; refused
+    /// [`ClientError::Controller`] with Kafka's error name.
+    /// [`Operation::FenceExpired`] is the controller's own: BadRequest.
+    Operate(Operation),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +65,7 @@ pub enum ClientResponse {
     Quorum(QuorumStatus),
     Error(ClientError),
     Records(RecordPage),
+    Operated(OperationAnswer),
 }
 
 /// Why a request was not done; the same cases, and the same codes, as
@@ -92,6 +102,11 @@ pub enum ClientError {
     /// log holds metadata records. Nothing was written.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The controller refused the operation (its [`ControllerError::code`]
+    /// is Kafka's error name), or its outcome is unknown
+    /// (`OUTCOME_UNKNOWN`: it may still commit).
+    #[error(transparent)]
+    Controller(ControllerError),
 }
 
 impl ClientResponse {
@@ -103,6 +118,7 @@ impl ClientResponse {
             ClientResponse::Quorum(_) => "Quorum",
             ClientResponse::Error(_) => "Error",
             ClientResponse::Records(_) => "Records",
+            ClientResponse::Operated(_) => "Operated",
         }
     }
 }
@@ -118,6 +134,7 @@ impl ClientError {
             ClientError::Rejected(_) => "REJECTED",
             ClientError::Unavailable(_) => "UNAVAILABLE",
             ClientError::Unsupported(_) => "UNSUPPORTED",
+            ClientError::Controller(err) => err.code(),
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod actor;
 pub mod client;
 pub mod codec;
+pub mod controller;
 pub mod records;
 pub mod rpc;
 
