@@ -3,7 +3,7 @@
 //! (docs/ARCHITECTURE.md, "Protocol rules") checked after every step, plus
 //! scripted scenarios named after the rule each one checks.
 //!
-//! Run: `cargo test --test simulation` (2,000 seeds × 10,000 events, two
+//! Run: `cargo test --test simulation` (20,000 seeds × 10,000 events, two
 //! threads). `KRAFT_SIM_SEEDS=N` runs N seeds; `KRAFT_SIM_SEED=S` replays one
 //! seed and prints its summary (`KRAFT_SIM_TRACE=1` prints every event). See
 //! `tests/sim/runner.rs` for the other knobs.

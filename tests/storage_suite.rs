@@ -1641,6 +1641,38 @@ fn sled_a_database_that_lost_its_election_state_is_refused() {
     );
 }
 
+/// A vote is never withdrawn within its epoch: sled that came back with
+/// the epoch but without the vote the checkpoint recorded could let the
+/// node vote again in that epoch.
+#[test]
+fn sled_a_database_that_lost_its_vote_but_kept_its_epoch_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let copies = tempfile::tempdir().unwrap();
+    let older = copies.path().join("older");
+    let write = |state: ElectionState| {
+        let mut store = SledStore::open(dir.path(), CLUSTER, NODE).unwrap();
+        store.write_election_state(&state).unwrap();
+        store.flush().unwrap();
+    };
+    write(ElectionState::unattached(3));
+    with_raw_sled(dir.path(), |_| {});
+    copy_dir(&sled_dir(dir.path()), &older);
+    write(ElectionState {
+        epoch: 3,
+        voted_for: Some(2),
+        leader_id: None,
+    });
+    with_raw_sled(dir.path(), |_| {});
+    std::fs::remove_dir_all(sled_dir(dir.path())).unwrap();
+    copy_dir(&older, &sled_dir(dir.path()));
+    let reason = expect_damaged(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert!(reason.contains(CHECKPOINT_FILE), "{reason}");
+    assert!(
+        reason.contains("votes for nobody in epoch 3, but this node had voted for node 2"),
+        "{reason}"
+    );
+}
+
 #[test]
 fn sled_a_database_that_lost_only_uncommitted_records_opens() {
     // As a torn tail would: flushed, but never known to be committed here.

@@ -57,6 +57,19 @@ pub fn decode_bounded<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T
         .map_err(|e| CodecError::Decode(e.to_string()))
 }
 
+/// [`decode_bounded`] into a value that may borrow from `bytes`.
+pub fn decode_borrowed<'a, T: Deserialize<'a>>(bytes: &'a [u8], limit: u64) -> Result<T, CodecError> {
+    if bytes.len() as u64 > limit {
+        return Err(CodecError::FrameTooLarge {
+            len: bytes.len() as u64,
+            limit,
+        });
+    }
+    options(limit)
+        .deserialize(bytes)
+        .map_err(|e| CodecError::Decode(e.to_string()))
+}
+
 /// Encodes a value in the same format `decode_bounded` reads.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     options(u64::MAX)

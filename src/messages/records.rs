@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::codec::{decode_bounded, CodecError};
+use super::codec::{decode_borrowed, decode_bounded, CodecError};
 use crate::types::{Epoch, NodeId, Offset, MAX_LOG_OFFSET};
 
 /// Largest batch, and largest fetch response, in bytes (Kafka's 8 MiB).
@@ -56,6 +56,28 @@ pub enum Record {
     /// The only record of a snapshot's last batch (KIP-630). Never appended
     /// to the log.
     SnapshotFooter { version: u16 },
+}
+
+/// A [`Record`]'s encoding, the same variants in the same order, with a
+/// data record's bytes borrowed: what [`Batch::check_log_records`]
+/// decodes.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+enum RecordShape<'a> {
+    Data(&'a [u8]),
+    LeaderChange {
+        leader_id: NodeId,
+        voters: Vec<NodeId>,
+        granting_voters: Vec<NodeId>,
+    },
+    NoOp,
+    SnapshotHeader {
+        version: u16,
+        last_contained_timestamp_ms: i64,
+    },
+    SnapshotFooter {
+        version: u16,
+    },
 }
 
 impl Record {
@@ -130,7 +152,12 @@ impl Batch {
     pub fn new(base_offset: Offset, epoch: Epoch, records: &[Record]) -> Batch {
         assert!(!records.is_empty(), "a batch holds at least one record");
         let payload = super::codec::encode(&records);
-        let record_count = records.len() as u32;
+        Batch::sealed(base_offset, epoch, records.len() as u32, payload)
+    }
+
+    /// A batch of `payload` as given, with the CRC computed over it: what a
+    /// peer could send. Only [`Batch::new`] makes batches that decode.
+    pub fn sealed(base_offset: Offset, epoch: Epoch, record_count: u32, payload: Vec<u8>) -> Batch {
         let crc = Self::checksum(base_offset, epoch, record_count, &payload);
         Batch {
             base_offset,
@@ -139,6 +166,26 @@ impl Batch {
             crc,
             payload,
         }
+    }
+
+    /// Whether the batch holds what a log may hold, checked without copying
+    /// a record: its records decode, as many as its header says, and none
+    /// is a snapshot's own (SnapshotHeader, SnapshotFooter). A follower checks
+    /// this before it writes a fetched batch: one that passes its CRC but
+    /// does not decode would otherwise be committed and fail every later
+    /// read.
+    pub fn check_log_records(&self) -> Result<(), CodecError> {
+        let records: Vec<RecordShape<'_>> = decode_borrowed(&self.payload, self.payload.len() as u64)?;
+        let invalid = |what: String| Err(CodecError::Invalid(format!("batch at offset {}: {what}", self.base_offset)));
+        if records.len() != self.record_count as usize {
+            return invalid(format!("says {} records but holds {}", self.record_count, records.len()));
+        }
+        for record in &records {
+            if let RecordShape::SnapshotHeader { .. } | RecordShape::SnapshotFooter { .. } = record {
+                return invalid("a snapshot's own record is not a log record".to_string());
+            }
+        }
+        Ok(())
     }
 
     fn checksum(base_offset: Offset, epoch: Epoch, record_count: u32, payload: &[u8]) -> u32 {
@@ -298,6 +345,38 @@ mod tests {
         let mut batch = Batch::new(7, 3, &records);
         batch.epoch = 4;
         assert!(!batch.verify(), "the header is covered by the CRC");
+    }
+
+    #[test]
+    fn a_log_batch_is_checked_without_copying_its_records() {
+        let leader_change = Record::LeaderChange {
+            leader_id: 1,
+            voters: vec![1, 2, 3],
+            granting_voters: vec![1, 2],
+        };
+        for records in [
+            vec![Record::Data(b"a".to_vec()), Record::Data(Vec::new()), Record::Data(vec![9; 300])],
+            vec![leader_change],
+            vec![Record::NoOp],
+        ] {
+            let checked = Batch::new(7, 3, &records).check_log_records();
+            assert!(checked.is_ok(), "{records:?}: {checked:?}");
+        }
+        let refused = |batch: Batch, what: &str| match batch.check_log_records() {
+            Err(e) => assert!(e.to_string().contains(what), "{what}: {e}"),
+            Ok(()) => panic!("{what}: passed"),
+        };
+        refused(Batch::sealed(7, 3, 1, vec![0xff; 12]), "");
+        let two = codec_encode(&vec![Record::Data(b"a".to_vec()), Record::Data(b"b".to_vec())]);
+        refused(Batch::sealed(7, 3, 3, two), "says 3 records but holds 2");
+        refused(
+            Batch::new(7, 3, &[Record::SnapshotFooter { version: 0 }]),
+            "a snapshot's own record",
+        );
+    }
+
+    fn codec_encode(records: &Vec<Record>) -> Vec<u8> {
+        crate::messages::codec::encode(records)
     }
 
     #[test]

@@ -174,6 +174,20 @@ impl RaftNode {
                     );
                     ErrorCode::InvalidRequest
                 }
+                // Kafka's hasConsistentLeader: a leader this node recorded
+                // in the epoch (as a follower that then timed out) is the
+                // only one it may follow in it.
+                Role::Unattached(_) | Role::Prospective(_)
+                    if self.election.leader_id.is_some_and(|known| known != req.leader_id) =>
+                {
+                    tracing::error!(
+                        epoch = req.epoch,
+                        leader = req.leader_id,
+                        known = ?self.election.leader_id,
+                        "BeginQuorumEpoch conflicts with the leader recorded for this epoch"
+                    );
+                    ErrorCode::InvalidRequest
+                }
                 Role::Unattached(_) | Role::Prospective(_) | Role::Candidate(_) => {
                     self.become_follower(req.epoch, req.leader_id);
                     ErrorCode::None
@@ -282,10 +296,14 @@ impl RaftNode {
                 && batch.base_offset == expected
                 && batch.epoch >= last_epoch
                 && batch.epoch <= resp.epoch;
-            if !valid {
+            // What the log holds must decode when read: checked before it
+            // is written, so that it can never be committed.
+            let records = if valid { batch.check_log_records() } else { Ok(()) };
+            if !valid || records.is_err() {
                 tracing::error!(
                     leader = from,
                     offset = batch.base_offset,
+                    reason = records.err().map(|e| e.to_string()),
                     "invalid batch in fetch response; dropped"
                 );
                 f.next_fetch_ms = retry;

@@ -321,6 +321,20 @@ impl RaftNode {
     /// feeds election jitter and backoff.
     pub fn new(config: RaftConfig, election: ElectionState, log: LogView, now_ms: u64, seed: u64) -> Self {
         let high_watermark = log.start_offset();
+        // The log holds an epoch the election state never reached: the
+        // state was lost or the directory mixed up. Start Unattached in the
+        // log's epoch, with no vote (as Kafka's QuorumState does): any vote
+        // this node might have cast in the epochs between is unknown, so it
+        // casts none in them.
+        let reconciled = (election.epoch < log.last_epoch()).then(|| {
+            tracing::warn!(
+                election_epoch = election.epoch,
+                log_epoch = log.last_epoch(),
+                "the election state is of an older epoch than the log; starting unattached in the log's epoch"
+            );
+            ElectionState::unattached(log.last_epoch())
+        });
+        let election = reconciled.clone().unwrap_or(election);
         let mut node = RaftNode {
             config,
             rng: SmallRng::seed_from_u64(seed),
@@ -361,6 +375,10 @@ impl RaftNode {
         } else {
             Role::Unattached(node.new_unattached())
         };
+        if let Some(state) = reconciled {
+            // Durable before anything else this node does.
+            node.actions.push(Action::PersistElection(state));
+        }
         node.emit_role_changed();
         if high_watermark > 0 {
             // Everything below the log start is committed (it is in a

@@ -3543,3 +3543,98 @@ fn every_send_carries_the_engines_own_timeout_for_it() {
     assert!(!vote_timeouts.is_empty(), "a pre-vote was sent");
     assert!(vote_timeouts.iter().all(|t| *t == 600), "{vote_timeouts:?}");
 }
+
+/// A log holding an epoch its election state never reached (the state was
+/// lost): the node starts Unattached in the log's epoch with no vote, and
+/// makes that durable first, so it never votes in an epoch it may already
+/// have voted in.
+#[test]
+fn a_log_ahead_of_the_election_state_starts_the_node_unattached_in_the_logs_epoch() {
+    let election = ElectionState {
+        epoch: 1,
+        voted_for: Some(2),
+        leader_id: None,
+    };
+    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0), (3, 5)], 10), 0, 7);
+    let actions = node.take_actions();
+    assert!(
+        matches!(actions.first(), Some(Action::PersistElection(s)) if *s == ElectionState::unattached(3)),
+        "first of all, the reconciled state is made durable: {actions:?}"
+    );
+    let role = node.role();
+    assert_eq!((role.role, role.epoch, role.voted_for), (RoleKind::Unattached, 3, None));
+    node.handle_request(1, 3, 1, vote_req(2, 3, 3, 10, false));
+    let actions = node.take_actions();
+    assert!(!granted(&actions), "no vote in an epoch below the log's");
+    assert!(persisted(&actions).is_empty());
+}
+
+/// A Vote naming this node as candidate (a peer claiming its id) is
+/// refused and changes nothing.
+#[test]
+fn a_vote_naming_the_receiver_as_candidate_is_refused() {
+    let mut node = start(1, &[1, 2, 3], ElectionState::unattached(1));
+    node.take_actions();
+    node.handle_request(1, 1, 1, vote_req(2, 1, 0, 0, false));
+    let actions = node.take_actions();
+    match responses(&actions).last() {
+        Some(RaftResponse::Vote(v)) => assert_eq!((v.error, v.vote_granted), (ErrorCode::InvalidRequest, false)),
+        other => panic!("{other:?}"),
+    }
+    assert!(persisted(&actions).is_empty());
+    assert_eq!((node.role().epoch, node.role().voted_for), (1, None));
+}
+
+/// Kafka's hasConsistentLeader: a follower that timed out (Prospective)
+/// keeps the leader it recorded for its epoch, and refuses a
+/// BeginQuorumEpoch of the same epoch from another node; its own leader's
+/// is taken.
+#[test]
+fn begin_quorum_epoch_from_another_leader_than_the_recorded_one_is_refused() {
+    let mut node = start(
+        1,
+        &[1, 2, 3],
+        ElectionState {
+            epoch: 5,
+            voted_for: None,
+            leader_id: Some(2),
+        },
+    );
+    node.take_actions();
+    node.tick(FETCH_T + 1);
+    assert_eq!(node.role().role, RoleKind::Prospective);
+    node.take_actions();
+    node.handle_request(FETCH_T + 2, 3, 1, begin_req(5, 3));
+    let actions = node.take_actions();
+    match responses(&actions).last() {
+        Some(RaftResponse::BeginQuorumEpoch(r)) => assert_eq!(r.error, ErrorCode::InvalidRequest),
+        other => panic!("{other:?}"),
+    }
+    assert!(persisted(&actions).is_empty());
+    assert_eq!(node.role().role, RoleKind::Prospective);
+    node.handle_request(FETCH_T + 3, 2, 2, begin_req(5, 2));
+    node.take_actions();
+    assert_eq!((node.role().role, node.role().leader_id), (RoleKind::Follower, Some(2)));
+}
+
+/// A batch whose CRC matches but whose records do not decode (a damaged or
+/// hostile leader) is refused before it is written, so it can never be
+/// committed and fail later reads; the follower fetches again.
+#[test]
+fn a_fetched_batch_that_does_not_decode_is_never_written() {
+    let (mut node, corr) = follower_with_fetch();
+    let damaged = Batch::sealed(0, 1, 1, vec![0xff; 12]);
+    assert!(damaged.verify(), "its CRC matches");
+    node.handle_response(1, 1, corr, data_response(1, 1, vec![damaged]));
+    let actions = node.take_actions();
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::AppendBatch(_))),
+        "{actions:?}"
+    );
+    assert_eq!((node.log().end_offset(), node.high_watermark()), (0, 0));
+    node.tick(1 + node.config().retry_backoff_ms.max(1));
+    assert!(
+        sent(&node.take_actions()).iter().any(|(_, _, r)| matches!(r, RaftRequest::Fetch(f) if f.fetch_offset == 0)),
+        "fetches the same offset again"
+    );
+}

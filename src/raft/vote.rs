@@ -98,6 +98,14 @@ impl RaftNode {
             self.respond(from, request_id, response);
             return;
         }
+        if req.candidate_id == self.config.node_id {
+            // Only a peer claiming this node's id sends that: granting it
+            // would cast this node's vote for a candidacy it never ran.
+            tracing::warn!(from, "refused a Vote naming this node as its candidate");
+            let response = refuse(self, ErrorCode::InvalidRequest);
+            self.respond(from, request_id, response);
+            return;
+        }
         if req.epoch < self.election.epoch {
             let response = refuse(self, ErrorCode::FencedLeaderEpoch);
             self.respond(from, request_id, response);

@@ -1756,12 +1756,17 @@ fn check_against_checkpoint(
         ))
     } else if election.epoch == checkpoint.epoch
         && checkpoint.voted_for.is_some()
-        && election.voted_for.is_some()
         && election.voted_for != checkpoint.voted_for
     {
+        // A vote is never withdrawn within its epoch, so a vote the
+        // checkpoint holds and sled does not (or another one) was lost:
+        // this node could vote again in the epoch.
+        let voter = |vote: Option<NodeId>| vote.map_or("nobody".to_string(), |id| format!("node {id}"));
         Some(format!(
-            "its election state votes for {:?} in epoch {}, but this node had voted for {:?}",
-            election.voted_for, election.epoch, checkpoint.voted_for
+            "its election state votes for {} in epoch {}, but this node had voted for {}: it could vote twice in one epoch",
+            voter(election.voted_for),
+            election.epoch,
+            voter(checkpoint.voted_for)
         ))
     } else if log_end < checkpoint.high_watermark {
         Some(format!(

@@ -16,7 +16,7 @@ use std::time::Instant;
 use super::cluster::{Sim, Stats};
 use super::trace::Trace;
 
-pub const DEFAULT_SEEDS: u64 = 2_000;
+pub const DEFAULT_SEEDS: u64 = 20_000;
 pub const DEFAULT_EVENTS: u64 = 10_000;
 /// Trace lines kept for a failure report.
 const TAIL_LINES: usize = 400;

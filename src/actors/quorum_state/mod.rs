@@ -364,9 +364,12 @@ impl QuorumState {
         ctx.stop();
     }
 
-    /// Step 3: carries out everything the engine asked for, in order.
+    /// Step 3: carries out everything the engine asked for, in order. Not
+    /// while a durability wait holds the actor: what the engine asked for
+    /// since comes after the held actions, and the wait's continuation
+    /// drives it once they have run.
     fn drive(&mut self, ctx: &mut Context<Self>) {
-        if self.is_stopping() {
+        if self.is_stopping() || ctx.waiting() {
             return;
         }
         let actions = self.node.take_actions();
@@ -391,6 +394,7 @@ impl QuorumState {
                             Ok(()) => {
                                 act.execute(actions, ctx);
                                 act.run_deferred(ctx);
+                                act.drive(ctx);
                             }
                             Err(_) => act.fatal(ctx, format!("election state {state:?} was not made durable")),
                         }),
