@@ -220,7 +220,10 @@ impl StorageThread {
     /// every push. When a group holds a Flush, the flush takes
     /// `flush_delay` of (virtual) time, standing in for the disk's fsync:
     /// what is sent meanwhile forms the next group, and a crash in between
-    /// loses the group's writes.
+    /// loses the group's writes. A group that writes the election state
+    /// waits as long (at least 1 ms) before it is applied, so that a crash
+    /// meanwhile loses that write too, and whatever the node did before the
+    /// write was durable can be told from what it did after.
     pub(crate) async fn run_task(mut self, rx: Receiver<Command>, woken: Arc<Notify>, flush_delay: Duration) {
         let mut group: Vec<Command> = Vec::with_capacity(64);
         let exit = loop {
@@ -234,6 +237,9 @@ impl StorageThread {
                 Err(TryRecvError::Disconnected) => break Exit::Shutdown(None),
             }
             fill(&rx, &mut group);
+            if group.iter().any(|c| matches!(c, Command::WriteElection(..))) {
+                tokio::time::sleep(flush_delay.max(Duration::from_millis(1))).await;
+            }
             let applied = match self.apply_group(&mut group) {
                 Ok(applied) => applied,
                 Err(()) => break Exit::Failed,

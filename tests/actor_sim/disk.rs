@@ -65,6 +65,16 @@ impl Disk {
         }
     }
 
+    /// What a crash now would leave of the log: where it would end.
+    pub fn durable_end(&self) -> Offset {
+        self.0.lock().unwrap().store.durable_end_offset()
+    }
+
+    /// The election state a crash now would leave.
+    pub fn durable_election(&self) -> ElectionState {
+        self.0.lock().unwrap().store.election_state().expect("an in-memory read")
+    }
+
     /// A failing device: every later flush fails, and makes nothing durable.
     pub fn fail_flushes(&self) {
         self.0.lock().unwrap().flushes_fail = true;

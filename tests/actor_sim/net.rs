@@ -12,10 +12,13 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use kraft::messages::actor::{InboundRequest, RequestOutcome, SendRequest, TransportError};
+use kraft::messages::{RaftRequest, RaftResponse};
 use kraft::raft::NodeId;
 use rand::rngs::SmallRng;
 use rand::Rng;
 use tokio::time::Instant;
+
+use super::disk::Disk;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Faults {
@@ -47,6 +50,11 @@ struct NetState {
     endpoints: BTreeMap<NodeId, Endpoint>,
     /// Directed links that drop everything.
     cut: BTreeSet<(NodeId, NodeId)>,
+    /// Every node's disk, to check that what a node says was durable
+    /// when it said it.
+    disks: BTreeMap<NodeId, Disk>,
+    /// Acknowledgements seen before what they vouch for was durable.
+    violations: Vec<String>,
     pub sent: u64,
     pub lost: u64,
 }
@@ -71,6 +79,8 @@ impl Net {
             request_timeout,
             endpoints: BTreeMap::new(),
             cut: BTreeSet::new(),
+            disks: BTreeMap::new(),
+            violations: Vec::new(),
             sent: 0,
             lost: 0,
         })))
@@ -86,6 +96,48 @@ impl Net {
             .borrow_mut()
             .endpoints
             .insert(id, Endpoint { incarnation, inbound });
+    }
+
+    /// Node `id` keeps its log and election state on `disk`.
+    pub fn watch_disk(&self, id: NodeId, disk: Disk) {
+        self.0.borrow_mut().disks.insert(id, disk);
+    }
+
+    /// What was acknowledged before it was durable, since the last call.
+    pub fn take_violations(&self) -> Vec<String> {
+        std::mem::take(&mut self.0.borrow_mut().violations)
+    }
+
+    /// A Fetch at offset X tells the leader that its sender holds the log
+    /// below X: that must survive a crash of the sender when it is sent.
+    fn check_request(&self, from: NodeId, request: &RaftRequest) {
+        let RaftRequest::Fetch(fetch) = request else { return };
+        let mut state = self.0.borrow_mut();
+        let Some(durable) = state.disks.get(&from).map(Disk::durable_end) else { return };
+        if fetch.fetch_offset > durable {
+            let what = format!(
+                "node {from} fetched from offset {} while its log was durable only below {durable}",
+                fetch.fetch_offset
+            );
+            state.violations.push(what);
+        }
+    }
+
+    /// A vote granted must be durable when the answer leaves its voter.
+    fn check_response(&self, voter: NodeId, request: &RaftRequest, response: &RaftResponse) {
+        let (RaftRequest::Vote(vote), RaftResponse::Vote(answer)) = (request, response) else { return };
+        if !answer.vote_granted || answer.pre_vote {
+            return;
+        }
+        let mut state = self.0.borrow_mut();
+        let Some(durable) = state.disks.get(&voter).map(Disk::durable_election) else { return };
+        if durable.epoch != answer.epoch || durable.voted_for != Some(vote.candidate_id) {
+            let what = format!(
+                "node {voter} granted its vote to {} in epoch {} while its durable election state was {durable:?}",
+                vote.candidate_id, answer.epoch
+            );
+            state.violations.push(what);
+        }
     }
 
     /// Node `id` is down: nothing reaches it, nothing it sent arrives.
@@ -183,6 +235,7 @@ impl Handler<SendRequest> for Link {
         if !self.net.is_up(self.from, self.incarnation) {
             return; // a crashed incarnation sends nothing
         }
+        self.net.check_request(self.from, &msg.request);
         let (plan, timeout) = self.net.plan();
         let net = self.net.clone();
         let from = self.from;
@@ -236,6 +289,7 @@ async fn exchange(
         Ok(Err(_)) => return Err(TransportError::Disconnected(to, "no answer".to_string())),
         Err(_) => return Err(TransportError::Timeout(to)),
     };
+    net.check_response(to, &msg.request, &response);
     tokio::time::sleep(plan.back).await;
     if plan.lost_back || net.route(to, from).is_none() || Instant::now() > deadline {
         return Err(TransportError::Timeout(to));

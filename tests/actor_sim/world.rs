@@ -53,6 +53,10 @@ pub struct Params {
     /// Chance per step that a random node is asked for a snapshot.
     pub snapshot: f64,
     pub flush_delay_ms: u64,
+    /// Node 1's disk flushes this slowly instead, when not 0: a leader
+    /// whose own flush is slower than a follower's round trip shows
+    /// whether it counts what it has not flushed.
+    pub slow_flush_ms: u64,
     pub chaos_ms: u64,
     /// The nodes run the metadata image and the workload is a controller's
     /// (see [`super::metadata`]); else they run a raw log and clients
@@ -80,6 +84,7 @@ impl Params {
             client: [0.1, 0.5, 0.9][rng.gen_range(0..3)],
             snapshot: [0.0, 0.002, 0.01][rng.gen_range(0..3)],
             flush_delay_ms: rng.gen_range(0..=4),
+            slow_flush_ms: [0, 0, 15, 40][rng.gen_range(0..4)],
             chaos_ms: 10_000,
             metadata: false,
         }
@@ -378,7 +383,7 @@ impl World {
             .map(|id| (id, format!("127.0.0.1:{}", 9000 + id)))
             .collect();
         let observers = (0..params.observers as NodeId).map(|i| 100 + i);
-        let nodes = voters
+        let nodes: Vec<SimNode> = voters
             .keys()
             .map(|id| (*id, false))
             .chain(observers.map(|id| (id, true)))
@@ -392,11 +397,15 @@ impl World {
             .collect();
         let net_rng = SmallRng::seed_from_u64(rng.gen());
         let request_timeout = Duration::from_millis(node_config(1, &voters, false, false).quorum.request_timeout_ms);
+        let net = Net::new(net_rng, request_timeout);
+        for node in &nodes {
+            net.watch_disk(node.id, node.disk.clone());
+        }
         World {
             seed,
             params,
             rng,
-            net: Net::new(net_rng, request_timeout),
+            net,
             nodes,
             checker: Rc::new(RefCell::new(Checker {
                 origin: Instant::now(),
@@ -430,7 +439,10 @@ impl World {
             config: node.config.clone(),
             store: Box::new(node.disk.open()),
             snapshot_dir: Some(node.disk.snapshot_dir()),
-            flush_delay: Duration::from_millis(self.params.flush_delay_ms),
+            flush_delay: Duration::from_millis(match self.params.slow_flush_ms {
+                slow if slow > 0 && node.id == 1 => slow,
+                _ => self.params.flush_delay_ms,
+            }),
             connect: Box::new(self.net.connector(node.id, node.incarnation)),
             seed,
         };
@@ -571,6 +583,34 @@ impl World {
         }
     }
 
+    /// Committed means durable on a majority of voters: what any node has
+    /// delivered to its listeners must survive a crash of every node now.
+    fn check_committed_is_durable(&mut self) {
+        let delivered = self
+            .nodes
+            .iter()
+            .filter_map(|node| node.up.as_ref())
+            .map(|up| up.progress.get())
+            .max()
+            .unwrap_or(0);
+        let voters = self.params.voters as NodeId;
+        let mut ends: Vec<Offset> = self
+            .nodes
+            .iter()
+            .filter(|node| node.id <= voters)
+            .map(|node| node.disk.durable_end())
+            .collect();
+        ends.sort_unstable_by(|a, b| b.cmp(a));
+        let durable = ends[ends.len() / 2];
+        if delivered > durable {
+            let what = format!(
+                "offsets below {delivered} were delivered as committed, but a majority of voters' disks hold only \
+                 those below {durable} durably (durable ends {ends:?})"
+            );
+            self.checker.borrow_mut().fail(what);
+        }
+    }
+
     /// Every live node's view: a leader names itself, a follower its
     /// leader; both go to the one-leader-per-epoch check.
     async fn poll_roles(&mut self) {
@@ -643,6 +683,10 @@ impl World {
             self.poll_roles().await;
         }
         self.check_snapshot_files();
+        self.check_committed_is_durable();
+        for what in self.net.take_violations() {
+            self.checker.borrow_mut().fail(what);
+        }
     }
 
     async fn run(mut self) -> Report {
