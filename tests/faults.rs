@@ -1,0 +1,581 @@
+//! The fault harness: real `kraft` processes on 127.0.0.1, each link
+//! between two nodes through a proxy the harness can cut
+//! (`tests/fault/`). Writers append (log mode) or create topics (metadata
+//! mode) through random nodes while a nemesis, drawn per cycle from a
+//! printed seed, does one of: `kill -9` of the leader or of any node;
+//! SIGSTOP of the leader past the fetch timeout, then SIGCONT; `kill -9`
+//! of every node at once and a restart; isolating the leader; splitting
+//! the nodes in two; cutting one link one way. After the last cycle every
+//! fault is healed and the harness checks that every acknowledged write
+//! is present exactly once (at the offset it was acknowledged with, in
+//! log mode), that nothing that was never sent, or was refused as not
+//! written, is present, that every node holds the same log (and, in
+//! metadata mode, the same topics) and that offsets are contiguous. It
+//! prints one line of figures.
+//!
+//! CI runs a short fixed-seed sweep. A long run:
+//! `KRAFT_FAULT_SEED=7 KRAFT_FAULT_CYCLES=300 KRAFT_FAULT_NODES=5 cargo test
+//! --release --test faults -- --ignored --nocapture` (or
+//! `scripts/fault-sweep.sh`, which runs many).
+
+mod fault;
+mod ports;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fault::cluster::{http, Cluster, RECOVERY};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Raw appends (`node.state_machine = "log"`).
+    Log,
+    /// Topic creations on the metadata image (the default state machine).
+    Metadata,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    KillLeader,
+    KillAny,
+    PauseLeader,
+    KillAll,
+    IsolateLeader,
+    Split,
+    OneWay,
+}
+
+const FAULTS: [Fault; 7] = [
+    Fault::KillLeader,
+    Fault::KillAny,
+    Fault::PauseLeader,
+    Fault::KillAll,
+    Fault::IsolateLeader,
+    Fault::Split,
+    Fault::OneWay,
+];
+
+/// What became of one write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Acknowledged: at this offset (log mode), or with this topic id.
+    Acked(String),
+    /// Refused in a way that says nothing was written.
+    Refused(String),
+    /// Sent, and no answer says whether it was written.
+    Unknown(String),
+}
+
+/// Every write, by its unique value (a record's text or a topic's name).
+type History = Arc<Mutex<BTreeMap<String, Outcome>>>;
+
+struct Run {
+    mode: Mode,
+    nodes: i32,
+    cycles: u32,
+    seed: u64,
+}
+
+/// The figures of a run.
+#[derive(Debug, Default)]
+struct Figures {
+    faults: BTreeMap<String, u32>,
+    acked: u64,
+    refused: u64,
+    unknown: u64,
+    lost: Vec<String>,
+    duplicated: Vec<String>,
+    unsent: Vec<String>,
+    divergent: Vec<String>,
+    gaps: Vec<String>,
+}
+
+impl Figures {
+    fn line(&self, run: &Run) -> String {
+        let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        format!(
+            "faults[{:?} nodes={} seed={} cycles={}]: {}; acked={} refused={} unknown={} lost={} duplicated={} unsent={} divergent={} gaps={}",
+            run.mode,
+            run.nodes,
+            run.seed,
+            run.cycles,
+            faults.join(" "),
+            self.acked,
+            self.refused,
+            self.unknown,
+            self.lost.len(),
+            self.duplicated.len(),
+            self.unsent.len(),
+            self.divergent.len(),
+            self.gaps.len()
+        )
+    }
+
+    fn clean(&self) -> bool {
+        self.lost.is_empty()
+            && self.duplicated.is_empty()
+            && self.unsent.is_empty()
+            && self.divergent.is_empty()
+            && self.gaps.is_empty()
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: a number")))
+}
+
+/// One write through the node at `port`.
+fn write(client: &reqwest::blocking::Client, mode: Mode, port: u16, value: &str) -> Outcome {
+    let (path, body) = match mode {
+        Mode::Log => ("/v1/append", json!({ "records": [value] })),
+        Mode::Metadata => (
+            "/v1/topics",
+            json!({ "name": value, "partitions": 1, "replication_factor": 1 }),
+        ),
+    };
+    let response = match client.post(format!("http://127.0.0.1:{port}{path}")).json(&body).send() {
+        Ok(response) => response,
+        // Nothing reached the node.
+        Err(e) if e.is_connect() => return Outcome::Refused("connect".to_string()),
+        Err(e) => return Outcome::Unknown(format!("no answer: {e}")),
+    };
+    let status = response.status();
+    let Ok(body) = response.json::<Value>() else {
+        return Outcome::Unknown(format!("{status} without a JSON body"));
+    };
+    if status.is_success() {
+        return match mode {
+            Mode::Log => Outcome::Acked(body["base_offset"].to_string()),
+            Mode::Metadata => Outcome::Acked(body["id"].as_str().unwrap_or_default().to_string()),
+        };
+    }
+    let code = body["error"].as_str().unwrap_or("?").to_string();
+    match code.as_str() {
+        // The outcome is open. A forwarded controller operation answers
+        // UNAVAILABLE when it committed but this node's image lags.
+        "OUTCOME_UNKNOWN" => Outcome::Unknown(code),
+        "UNAVAILABLE" if mode == Mode::Metadata => Outcome::Unknown(code),
+        _ => Outcome::Refused(code),
+    }
+}
+
+/// Writers: each writes unique values through random nodes until stopped.
+fn start_writers(
+    mode: Mode,
+    ports: Vec<u16>,
+    writers: usize,
+    seed: u64,
+    history: History,
+    stop: Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..writers)
+        .map(|w| {
+            let (ports, history, stop) = (ports.clone(), history.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let client = http();
+                let mut rng = SmallRng::seed_from_u64(seed ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9));
+                let mut seq = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let value = format!("w{w}-{seq}");
+                    seq += 1;
+                    let port = ports[rng.gen_range(0..ports.len())];
+                    let outcome = write(&client, mode, port, &value);
+                    let refused = matches!(outcome, Outcome::Refused(_));
+                    history.lock().unwrap().insert(value, outcome);
+                    if refused {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Carries out one fault and heals it.
+fn nemesis(cluster: &mut Cluster, client: &reqwest::blocking::Client, rng: &mut SmallRng, fault: Fault) {
+    let ids = cluster.ids();
+    let leader = cluster.leader(client).map(|(id, _)| id);
+    let some_node = ids[rng.gen_range(0..ids.len())];
+    let leader_or_any = leader.unwrap_or(some_node);
+    match fault {
+        Fault::KillLeader | Fault::KillAny => {
+            let victim = if fault == Fault::KillLeader { leader_or_any } else { some_node };
+            cluster.node(victim).kill9();
+            std::thread::sleep(Duration::from_millis(rng.gen_range(200..1500)));
+            cluster.node(victim).start();
+        }
+        Fault::PauseLeader => {
+            // Past the fetch timeout (600 ms) and the leader's check-quorum
+            // (1.5 × that): the others elect a new leader meanwhile.
+            cluster.node(leader_or_any).pause();
+            std::thread::sleep(Duration::from_millis(rng.gen_range(1200..2500)));
+            cluster.node(leader_or_any).resume();
+        }
+        Fault::KillAll => {
+            for id in &ids {
+                cluster.node(*id).kill9();
+            }
+            std::thread::sleep(Duration::from_millis(rng.gen_range(100..800)));
+            for id in &ids {
+                cluster.node(*id).start();
+            }
+        }
+        Fault::IsolateLeader | Fault::Split => {
+            let side: Vec<i32> = if fault == Fault::IsolateLeader {
+                vec![leader_or_any]
+            } else {
+                let mut shuffled = ids.clone();
+                for i in (1..shuffled.len()).rev() {
+                    shuffled.swap(i, rng.gen_range(0..=i));
+                }
+                shuffled.truncate(ids.len() / 2);
+                shuffled
+            };
+            cluster.partition(&side);
+            std::thread::sleep(Duration::from_millis(rng.gen_range(1200..3000)));
+            cluster.heal();
+        }
+        Fault::OneWay => {
+            let to = ids[rng.gen_range(0..ids.len())];
+            let from = match ids.iter().copied().filter(|id| *id != to).collect::<Vec<_>>() {
+                others if others.is_empty() => to,
+                others => others[rng.gen_range(0..others.len())],
+            };
+            if from != to {
+                cluster.set_cut(from, to, true);
+                std::thread::sleep(Duration::from_millis(rng.gen_range(1200..3000)));
+                cluster.set_cut(from, to, false);
+            }
+        }
+    }
+}
+
+/// Every committed record of a node, offset → (kind, value), and its high
+/// watermark.
+fn read_log(cluster: &Cluster, client: &reqwest::blocking::Client, index: usize) -> Option<(i64, BTreeMap<i64, (String, Value)>)> {
+    let node = &cluster.nodes[index];
+    let mut from = 0;
+    let mut out = BTreeMap::new();
+    let mut hw;
+    loop {
+        let page = node.get(client, &format!("/v1/log?from={from}&max=1000"))?;
+        hw = page["high_watermark"].as_i64()?;
+        let records = page["records"].as_array()?.clone();
+        if records.is_empty() {
+            if from == 0 {
+                from = page["log_start_offset"].as_i64().unwrap_or(0);
+                if from > 0 {
+                    continue;
+                }
+            }
+            break;
+        }
+        for r in records {
+            let offset = r["offset"].as_i64()?;
+            let value = if r["kind"] == "data" { r["value"].clone() } else { r.clone() };
+            out.insert(offset, (r["kind"].as_str()?.to_string(), value));
+            from = offset + 1;
+        }
+    }
+    Some((hw, out))
+}
+
+/// Heals everything, waits until every node has committed a last write made
+/// through the leader, and checks the history against every node's log.
+fn check(cluster: &mut Cluster, client: &reqwest::blocking::Client, run: &Run, history: &History) -> Figures {
+    cluster.restore();
+    let deadline = Instant::now() + RECOVERY;
+    // A last write through the leader, retried until it is acknowledged.
+    let marker = loop {
+        assert!(Instant::now() < deadline, "no write after healing\n{}", cluster.logs());
+        if let Some((leader, _)) = cluster.leader(client) {
+            let port = cluster.nodes.iter().find(|n| n.id == leader).unwrap().http_port;
+            match write(client, run.mode, port, "marker") {
+                // An earlier try of the marker may have been written.
+                Outcome::Acked(_) => break cluster.nodes.iter().position(|n| n.id == leader).unwrap(),
+                Outcome::Refused(code) if code == "TOPIC_ALREADY_EXISTS" => {
+                    break cluster.nodes.iter().position(|n| n.id == leader).unwrap()
+                }
+                _ => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let leader_log = loop {
+        assert!(Instant::now() < deadline, "the leader's log unreadable\n{}", cluster.logs());
+        if let Some((hw, log)) = read_log(cluster, client, marker) {
+            break (hw, log);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (target_hw, _) = leader_log;
+    let mut logs = Vec::new();
+    for index in 0..cluster.nodes.len() {
+        let log = loop {
+            assert!(
+                Instant::now() < deadline,
+                "node {} never reached the high watermark {target_hw}\n{}",
+                cluster.nodes[index].id,
+                cluster.logs()
+            );
+            match read_log(cluster, client, index) {
+                Some((hw, log)) if hw >= target_hw => break log,
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        // Every node compares what all of them committed.
+        logs.push(log.range(..target_hw).map(|(o, r)| (*o, r.clone())).collect::<BTreeMap<_, _>>());
+    }
+    let history = history.lock().unwrap().clone();
+    let mut figures = Figures::default();
+    for outcome in history.values() {
+        match outcome {
+            Outcome::Acked(_) => figures.acked += 1,
+            Outcome::Refused(_) => figures.refused += 1,
+            Outcome::Unknown(_) => figures.unknown += 1,
+        }
+    }
+    for (index, log) in logs.iter().enumerate().skip(1) {
+        if *log != logs[0] {
+            let first = (0..target_hw).find(|o| log.get(o) != logs[0].get(o));
+            figures.divergent.push(format!(
+                "node {} differs from node {} first at offset {first:?}",
+                cluster.nodes[index].id, cluster.nodes[0].id
+            ));
+        }
+    }
+    let log = &logs[0];
+    let start = log.keys().next().copied().unwrap_or(0);
+    if let Some(gap) = (start..target_hw).find(|o| !log.contains_key(o)) {
+        figures.gaps.push(format!("offset {gap} missing below {target_hw}"));
+    }
+    match run.mode {
+        Mode::Log => check_log(log, &history, &mut figures),
+        Mode::Metadata => check_topics(cluster, client, &history, &mut figures),
+    }
+    figures
+}
+
+fn check_log(log: &BTreeMap<i64, (String, Value)>, history: &BTreeMap<String, Outcome>, figures: &mut Figures) {
+    let mut seen: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for (offset, (kind, value)) in log {
+        if kind == "data" {
+            seen.entry(value.as_str().unwrap_or("")).or_default().push(*offset);
+        }
+    }
+    for (value, outcome) in history {
+        let at = seen.get(value.as_str());
+        match outcome {
+            Outcome::Acked(offset) => {
+                if at.is_none_or(|offsets| offsets.iter().all(|o| o.to_string() != *offset)) {
+                    figures.lost.push(format!("{value} acknowledged at {offset}, log has it at {at:?}"));
+                }
+            }
+            Outcome::Refused(code) if at.is_some() => {
+                figures.unsent.push(format!("{value} refused ({code}) but at {at:?}"))
+            }
+            _ => {}
+        }
+    }
+    for (value, offsets) in &seen {
+        if offsets.len() > 1 && *value != "marker" {
+            figures.duplicated.push(format!("{value} at {offsets:?}"));
+        }
+        if *value != "marker" && !history.contains_key(*value) {
+            figures.unsent.push(format!("{value} at {offsets:?} was never sent"));
+        }
+    }
+}
+
+/// Topic names → ids, of a node's image, with the image's offset.
+fn topics_of(cluster: &Cluster, client: &reqwest::blocking::Client, index: usize) -> Option<(i64, BTreeMap<String, String>)> {
+    let image = cluster.nodes[index].get(client, "/v1/topics")?;
+    let topics = image["topics"]
+        .as_array()?
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap_or("").to_string(), t["id"].as_str().unwrap_or("").to_string()))
+        .collect();
+    Some((image["offset"].as_i64()?, topics))
+}
+
+fn check_topics(cluster: &Cluster, client: &reqwest::blocking::Client, history: &BTreeMap<String, Outcome>, figures: &mut Figures) {
+    let mut views = Vec::new();
+    for index in 0..cluster.nodes.len() {
+        let deadline = Instant::now() + RECOVERY;
+        let view = loop {
+            assert!(Instant::now() < deadline, "no topics from node {}", cluster.nodes[index].id);
+            match topics_of(cluster, client, index) {
+                Some((_, topics)) if topics.contains_key("marker") => break topics,
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        views.push(view);
+    }
+    for (index, view) in views.iter().enumerate().skip(1) {
+        if *view != views[0] {
+            figures.divergent.push(format!("node {}'s topics differ from node {}'s", cluster.nodes[index].id, cluster.nodes[0].id));
+        }
+    }
+    let topics = &views[0];
+    for (name, outcome) in history {
+        match (outcome, topics.get(name)) {
+            (Outcome::Acked(id), Some(held)) if held != id => {
+                figures.lost.push(format!("{name} acknowledged with id {id}, the image has {held}"))
+            }
+            (Outcome::Acked(id), None) => figures.lost.push(format!("{name} acknowledged with id {id}, not in the image")),
+            (Outcome::Refused(code), Some(_)) => figures.unsent.push(format!("{name} refused ({code}) but exists")),
+            _ => {}
+        }
+    }
+    for name in topics.keys() {
+        if name != "marker" && !history.contains_key(name) {
+            figures.unsent.push(format!("{name} exists but was never created"));
+        }
+    }
+}
+
+/// One run: a cluster, writers, `cycles` faults, the checks.
+fn run(run: Run) -> Figures {
+    println!(
+        "fault run: {:?}, {} nodes, seed {}, {} cycles (replay: KRAFT_FAULT_SEED={} KRAFT_FAULT_NODES={} KRAFT_FAULT_CYCLES={})",
+        run.mode, run.nodes, run.seed, run.cycles, run.seed, run.nodes, run.cycles
+    );
+    let sets: &[&str] = match run.mode {
+        Mode::Log => &["node.state_machine=log"],
+        Mode::Metadata => &[
+            "node.state_machine=metadata",
+            "broker.session_timeout_ms=3000",
+            "broker.heartbeat_interval_ms=500",
+        ],
+    };
+    let mut cluster = Cluster::start(run.nodes, sets);
+    let client = http();
+    if cluster.wait_for_leader(&client).is_none() {
+        panic!("no first leader\n{}", cluster.logs());
+    }
+    let history: History = Default::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.http_port).collect();
+    let writers = start_writers(run.mode, ports, 3, run.seed, history.clone(), stop.clone());
+    let mut rng = SmallRng::seed_from_u64(run.seed);
+    let mut figures = Figures::default();
+    for cycle in 0..run.cycles {
+        let fault = FAULTS[rng.gen_range(0..FAULTS.len())];
+        *figures.faults.entry(format!("{fault:?}")).or_default() += 1;
+        nemesis(&mut cluster, &client, &mut rng, fault);
+        std::thread::sleep(Duration::from_millis(rng.gen_range(300..1200)));
+        if cluster.wait_for_leader(&client).is_none() {
+            stop.store(true, Ordering::SeqCst);
+            panic!("no leader after cycle {cycle} ({fault:?})\n{}", cluster.logs());
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    let checked = check(&mut cluster, &client, &run, &history);
+    let figures = Figures {
+        faults: figures.faults,
+        ..checked
+    };
+    println!("{}", figures.line(&run));
+    if !figures.clean() {
+        panic!(
+            "{}\nlost: {:?}\nduplicated: {:?}\nunsent: {:?}\ndivergent: {:?}\ngaps: {:?}\n{}",
+            figures.line(&run),
+            figures.lost,
+            figures.duplicated,
+            figures.unsent,
+            figures.divergent,
+            figures.gaps,
+            cluster.logs()
+        );
+    }
+    assert!(figures.acked > 0, "nothing was acknowledged: {}", figures.line(&run));
+    figures
+}
+
+#[test]
+fn three_nodes_keep_every_acknowledged_append_through_faults() {
+    run(Run {
+        mode: Mode::Log,
+        nodes: 3,
+        cycles: 8,
+        seed: 1,
+    });
+}
+
+#[test]
+fn five_nodes_keep_every_acknowledged_append_through_faults() {
+    run(Run {
+        mode: Mode::Log,
+        nodes: 5,
+        cycles: 8,
+        seed: 2,
+    });
+}
+
+#[test]
+fn three_controllers_keep_every_acknowledged_topic_through_faults() {
+    run(Run {
+        mode: Mode::Metadata,
+        nodes: 3,
+        cycles: 6,
+        seed: 3,
+    });
+}
+
+/// A long run, from the environment (see the module docs).
+#[test]
+#[ignore]
+fn long_fault_run() {
+    let mode = match std::env::var("KRAFT_FAULT_MODE").as_deref() {
+        Ok("metadata") => Mode::Metadata,
+        _ => Mode::Log,
+    };
+    run(Run {
+        mode,
+        nodes: env_u64("KRAFT_FAULT_NODES").unwrap_or(3) as i32,
+        cycles: env_u64("KRAFT_FAULT_CYCLES").unwrap_or(100) as u32,
+        seed: env_u64("KRAFT_FAULT_SEED").unwrap_or(1),
+    });
+}
+
+/// The checks themselves: a history and a log that break each rule are
+/// counted under it.
+#[test]
+fn the_checks_count_lost_duplicated_and_unsent_writes() {
+    let data = |value: &str| ("data".to_string(), json!(value));
+    let log: BTreeMap<i64, (String, Value)> = [
+        (0, ("noop".to_string(), json!({}))),
+        (1, data("w0-0")),
+        (2, data("w0-1")),
+        (3, data("w0-1")),
+        (4, data("w0-3")),
+        (5, data("stranger")),
+        (6, data("marker")),
+        (7, data("marker")),
+    ]
+    .into_iter()
+    .collect();
+    let history: BTreeMap<String, Outcome> = [
+        ("w0-0", Outcome::Acked("1".into())),
+        ("w0-1", Outcome::Acked("2".into())),
+        ("w0-2", Outcome::Acked("9".into())),
+        ("w0-3", Outcome::Refused("NOT_LEADER".into())),
+        ("w0-4", Outcome::Unknown("timeout".into())),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let mut figures = Figures::default();
+    check_log(&log, &history, &mut figures);
+    assert_eq!(figures.lost.len(), 1, "w0-2: {:?}", figures.lost);
+    assert_eq!(figures.duplicated.len(), 1, "w0-1 (a retried marker is not): {:?}", figures.duplicated);
+    assert_eq!(figures.unsent.len(), 2, "w0-3 refused, stranger never sent: {:?}", figures.unsent);
+}
