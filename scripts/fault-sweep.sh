@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
 # Long fault-harness runs (tests/faults.rs): every seed in SEEDS on 3 and 5
 # nodes, in log and metadata mode, CYCLES fault cycles each. Prints each
-# run's figure line; stops at the first failure and prints its report,
-# which names the replay.
+# run's figure line; stops at the first failure, prints its report (which
+# names the replay) and keeps the whole output in OUT (default
+# fault-sweep.log).
 #   SEEDS="1 2 3" CYCLES=100 scripts/fault-sweep.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-"11 12 13"}
 CYCLES=${CYCLES:-100}
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+OUT=${OUT:-fault-sweep.log}
 cargo test --locked --test faults --no-run 2>/dev/null || exit 1
 for seed in $SEEDS; do
     for mode in log metadata; do
         for nodes in 3 5; do
             if ! KRAFT_FAULT_SEED=$seed KRAFT_FAULT_NODES=$nodes KRAFT_FAULT_CYCLES=$CYCLES KRAFT_FAULT_MODE=$mode \
-                cargo test --locked --test faults long_fault_run -- --ignored --nocapture >"$out" 2>&1; then
-                grep -v '^ *[0-9]*: \|^ *at ' "$out" | tail -120
+                cargo test --locked --test faults long_fault_run -- --ignored --nocapture >"$OUT" 2>&1; then
+                grep -A12 'panicked' "$OUT" | head -40
+                echo "(the nodes' last log lines are in $OUT)"
                 exit 1
             fi
-            grep -E '^faults\[' "$out"
+            grep -E '^faults\[' "$OUT"
         done
     done
 done

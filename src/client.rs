@@ -203,6 +203,17 @@ impl Client {
         }
     }
 
+    /// [`Client::read`] once the node has caught up with a read index from
+    /// the leader: the page sees every append acknowledged before the
+    /// call, by any node (a linearizable read). NotLeader or Unavailable
+    /// when no read index came; nothing was done, ask again.
+    pub async fn read_linearizable(&mut self, from: Offset, max: u32) -> Result<RecordPage, Error> {
+        match self.call(ClientRequest::ReadLinearizable { from, max }).await? {
+            ClientResponse::Records(page) => Ok(page),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
     /// This node's view of the quorum, as `GET /v1/quorum` shows it.
     pub async fn quorum(&mut self) -> Result<QuorumStatus, Error> {
         match self.call(ClientRequest::Quorum).await? {

@@ -31,14 +31,14 @@ use tracing::{error, info, warn};
 pub use crate::actors::controller::Answer;
 pub use crate::messages::controller::{HeartbeatAnswer, Operation, OperationAnswer};
 use crate::actors::controller::{Controller, Operate};
-use crate::actors::controller_client::{ControllerClient, Forward};
+use crate::actors::controller_client::{ControllerClient, Forward, ForwardReadIndex};
 use crate::actors::fetch_purgatory::{FetchPurgatory, GetCommitStats, StopPurgatory};
 use crate::actors::log_appender::{LogAppender, StorageEvent, StorageWorker};
 use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
 pub use crate::actors::quorum_state::SnapshotInfo;
 use crate::actors::quorum_state::{
-    CreateSnapshot, Describe, GetMetrics, Propose, ProposeMany, QuorumPeers, QuorumState, ReadCommitted, Shutdown,
-    StopReason,
+    CreateSnapshot, Describe, GetMetrics, Propose, ProposeMany, QuorumPeers, QuorumState, ReadCommitted, ReadIndex, Shutdown,
+    StopReason, WaitCommitted,
 };
 use crate::actors::request_manager::RequestManager;
 pub use crate::actors::state_machine::StateMachine;
@@ -101,7 +101,8 @@ struct HandleInner {
     /// The controller of a voter in `"metadata"` mode.
     controller: Option<Addr<Controller>>,
     /// How this node reaches the active controller (`"metadata"` mode).
-    controller_client: Option<Addr<ControllerClient>>,
+    /// Forwards controller operations and read index requests to the leader.
+    controller_client: Addr<ControllerClient>,
     request_timeout_ms: u64,
     /// The broker side of a node whose roles hold "broker" (metadata mode).
     broker: Option<Arc<BrokerSide>>,
@@ -404,9 +405,8 @@ fn launch(parts: Launch<'_>) -> NodeHandle {
         _ => None,
     };
     let request_timeout_ms = config.quorum.request_timeout_ms;
-    let controller_client = metadata.as_ref().map(|_| {
-        ControllerClient::create(|ctx| ControllerClient::new(connect(ctx.address().recipient()), request_timeout_ms))
-    });
+    let controller_client =
+        ControllerClient::create(|ctx| ControllerClient::new(connect(ctx.address().recipient()), request_timeout_ms));
     let requests = connect(quorum.clone().recipient());
     let forward_requests = connect(quorum.clone().recipient());
 
@@ -711,6 +711,50 @@ impl NodeHandle {
         self.inner.metadata.as_ref().map(MetadataPublisher::image)
     }
 
+    /// Waits until a linearizable read may be served here (etcd's
+    /// ReadIndex): asks the leader (this node, or the one it knows, over
+    /// the raft listener) for a read index, an offset below which every
+    /// record committed before the call lies, then waits until this node's
+    /// own log, and its metadata image if it keeps one, reach it. A read
+    /// of this node's log or image afterwards sees every write acknowledged
+    /// before the call, by any node. NOT_LEADER when no leader is known or
+    /// the leader lost its role meanwhile; UNAVAILABLE when it took longer
+    /// than a request timeout. Either way nothing was done: ask again.
+    pub async fn read_barrier(&self) -> Result<Offset, AppendError> {
+        let wait = Duration::from_millis(self.inner.request_timeout_ms);
+        let timed_out = || AppendError::Unavailable(format!("no read index within {wait:?}"));
+        let stopped = |e: actix::MailboxError| AppendError::Unavailable(format!("the node is stopped ({e})"));
+        let local = self.inner.quorum.send(ReadIndex).await.map_err(stopped)?;
+        let index = match local {
+            Err(AppendError::NotLeader {
+                leader_id: Some(leader),
+                ..
+            }) if leader != self.inner.node_id => {
+                let forwarded = self.inner.controller_client.send(ForwardReadIndex { to: leader });
+                tokio::time::timeout(wait, forwarded)
+                    .await
+                    .map_err(|_| timed_out())?
+                    .map_err(stopped)??
+            }
+            other => other?,
+        };
+        let committed = self.inner.quorum.send(WaitCommitted(index));
+        tokio::time::timeout(wait, committed)
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(stopped)?
+            .map_err(|e| AppendError::Unavailable(e.to_string()))?;
+        if let Some(publisher) = &self.inner.metadata {
+            let mut images = publisher.watch();
+            let replayed = images.wait_for(|image| image.offset + 1 >= index);
+            tokio::time::timeout(wait, replayed)
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(|_| AppendError::Unavailable("the node is stopping".to_string()))?;
+        }
+        Ok(index)
+    }
+
     /// Subscribes to the metadata images: the newest at once, then each
     /// new one in order, with what changed ([`MetadataUpdate`]). Err unless
     /// `node.state_machine` is `"metadata"`.
@@ -733,7 +777,7 @@ impl NodeHandle {
     /// operation is forwarded to the one that is. NOT_CONTROLLER when no
     /// active controller is known.
     pub async fn operate(&self, operation: Operation) -> Result<Answer, ControllerError> {
-        let (Some(publisher), Some(client)) = (&self.inner.metadata, &self.inner.controller_client) else {
+        let (Some(publisher), client) = (&self.inner.metadata, &self.inner.controller_client) else {
             return Err(ControllerError::InvalidRequest(
                 "this node keeps no metadata (node.state_machine is not \"metadata\")".to_string(),
             ));

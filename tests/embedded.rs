@@ -1365,3 +1365,46 @@ async fn the_leader_answers_each_forwarded_group_and_the_older_single_append() {
     }
     node.shutdown().await;
 }
+
+/// A linearizable read on a follower (`read_barrier`, then a read of its
+/// own log) sees every append acknowledged before it, though a follower
+/// learns the high watermark only on its next fetch; a node with no
+/// leader refuses it.
+#[actix_rt::test]
+async fn a_linearizable_read_on_a_follower_sees_every_acknowledged_append() {
+    init_tracing();
+    let (_dirs, mut nodes) = start_cluster().await;
+    let (leader, _) = agreed_leader(&nodes, 0).await;
+    let follower = nodes[(leader + 1) % 3].clone().unwrap();
+    let leader_node = nodes[leader].clone().unwrap();
+    for i in 0..30 {
+        let appended = leader_node.append(vec![data(&format!("r{i}"))]).await.unwrap();
+        let index = follower.read_barrier().await.expect("a read index through the leader");
+        assert!(index > appended.last_offset, "read index {index} below the acknowledged {appended:?}");
+        let committed_here = follower.describe().await.unwrap().high_watermark;
+        assert!(committed_here >= index, "the follower's high watermark {committed_here} below the read index {index}");
+        let page = follower.read_committed(appended.base_offset, 1).await.unwrap();
+        assert_eq!(
+            page.records.first().and_then(|r| r.value.clone()),
+            Some(format!("r{i}")),
+            "the follower's read after the barrier"
+        );
+        // And on the leader itself.
+        assert!(leader_node.read_barrier().await.unwrap() > appended.last_offset);
+    }
+    // Two of three voters down: no leader, no read index.
+    let last = nodes[leader].take().unwrap();
+    let other = nodes[(leader + 2) % 3].take().unwrap();
+    last.shutdown().await;
+    other.shutdown().await;
+    let refused = eventually("the lone follower to refuse a read index", || async {
+        follower.read_barrier().await.err()
+    })
+    .await;
+    assert!(
+        matches!(refused, AppendError::NotLeader { .. } | AppendError::Unavailable(_)),
+        "{refused:?}"
+    );
+    follower.shutdown().await;
+    shutdown_all(&mut nodes).await;
+}

@@ -21,7 +21,7 @@
 mod fault;
 mod ports;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -74,6 +74,27 @@ enum Outcome {
 /// Every write, by its unique value (a record's text or a topic's name).
 type History = Arc<Mutex<BTreeMap<String, Outcome>>>;
 
+/// When each write was invoked and when its answer came.
+type Timings = Arc<Mutex<BTreeMap<String, (Instant, Instant)>>>;
+
+/// What a linearizable read saw: the high watermark (log mode) or the
+/// topics (metadata mode).
+#[derive(Clone, Debug)]
+enum Seen {
+    HighWatermark(i64),
+    Topics(BTreeSet<String>),
+}
+
+/// One linearizable read that was answered.
+#[derive(Clone, Debug)]
+struct Read {
+    invoked: Instant,
+    completed: Instant,
+    seen: Seen,
+}
+
+type Reads = Arc<Mutex<Vec<Read>>>;
+
 struct Run {
     mode: Mode,
     nodes: i32,
@@ -93,13 +114,25 @@ struct Figures {
     unsent: Vec<String>,
     divergent: Vec<String>,
     gaps: Vec<String>,
+    reads: u64,
+    /// Linearizability: a read missing a write acknowledged before it
+    /// began, a read seeing a write begun after it ended, a read seeing
+    /// less than one that ended before it began, a write ordered before
+    /// one that ended before it began.
+    stale: Vec<String>,
+    future: Vec<String>,
+    regressed: Vec<String>,
+    reordered: Vec<String>,
+    /// The writes in the final log, in its order (offset, value); in
+    /// metadata mode, the topics with offset -1.
+    final_writes: Vec<(i64, String)>,
 }
 
 impl Figures {
     fn line(&self, run: &Run) -> String {
         let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k}={n}")).collect();
         format!(
-            "faults[{:?} nodes={} seed={} cycles={}]: {}; acked={} refused={} unknown={} lost={} duplicated={} unsent={} divergent={} gaps={}",
+            "faults[{:?} nodes={} seed={} cycles={}]: {}; acked={} refused={} unknown={} lost={} duplicated={} unsent={} divergent={} gaps={}; linearizable reads={} stale={} future={} regressed={} reordered={}",
             run.mode,
             run.nodes,
             run.seed,
@@ -112,7 +145,12 @@ impl Figures {
             self.duplicated.len(),
             self.unsent.len(),
             self.divergent.len(),
-            self.gaps.len()
+            self.gaps.len(),
+            self.reads,
+            self.stale.len(),
+            self.future.len(),
+            self.regressed.len(),
+            self.reordered.len()
         )
     }
 
@@ -122,6 +160,10 @@ impl Figures {
             && self.unsent.is_empty()
             && self.divergent.is_empty()
             && self.gaps.is_empty()
+            && self.stale.is_empty()
+            && self.future.is_empty()
+            && self.regressed.is_empty()
+            && self.reordered.is_empty()
     }
 }
 
@@ -171,11 +213,13 @@ fn start_writers(
     writers: usize,
     seed: u64,
     history: History,
+    timings: Timings,
     stop: Arc<AtomicBool>,
 ) -> Vec<std::thread::JoinHandle<()>> {
     (0..writers)
         .map(|w| {
             let (ports, history, stop) = (ports.clone(), history.clone(), stop.clone());
+            let timings = timings.clone();
             std::thread::spawn(move || {
                 let client = http();
                 let mut rng = SmallRng::seed_from_u64(seed ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9));
@@ -184,7 +228,9 @@ fn start_writers(
                     let value = format!("w{w}-{seq}");
                     seq += 1;
                     let port = ports[rng.gen_range(0..ports.len())];
+                    let invoked = Instant::now();
                     let outcome = write(&client, mode, port, &value);
+                    timings.lock().unwrap().insert(value.clone(), (invoked, Instant::now()));
                     let refused = matches!(outcome, Outcome::Refused(_));
                     history.lock().unwrap().insert(value, outcome);
                     if refused {
@@ -194,6 +240,45 @@ fn start_writers(
             })
         })
         .collect()
+}
+
+/// A reader: linearizable reads through random nodes until stopped; the
+/// answered ones are kept with their times.
+fn start_reader(mode: Mode, ports: Vec<u16>, seed: u64, reads: Reads, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let client = http();
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
+        while !stop.load(Ordering::SeqCst) {
+            let port = ports[rng.gen_range(0..ports.len())];
+            let path = match mode {
+                // From past any log end: only the high watermark comes back.
+                Mode::Log => "/v1/log?consistency=linearizable&from=4611686018427387903&max=1",
+                Mode::Metadata => "/v1/topics?consistency=linearizable",
+            };
+            let invoked = Instant::now();
+            let answer = client
+                .get(format!("http://127.0.0.1:{port}{path}"))
+                .send()
+                .ok()
+                .filter(|r| r.status().is_success())
+                .and_then(|r| r.json::<Value>().ok());
+            let completed = Instant::now();
+            let seen = answer.and_then(|body| match mode {
+                Mode::Log => body["high_watermark"].as_i64().map(Seen::HighWatermark),
+                Mode::Metadata => body["topics"].as_array().map(|topics| {
+                    Seen::Topics(topics.iter().filter_map(|t| t["name"].as_str().map(String::from)).collect())
+                }),
+            });
+            if let Some(seen) = seen {
+                reads.lock().unwrap().push(Read {
+                    invoked,
+                    completed,
+                    seen,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(rng.gen_range(5..40)));
+        }
+    })
 }
 
 /// Carries out one fault and heals it.
@@ -365,7 +450,9 @@ fn check_log(log: &BTreeMap<i64, (String, Value)>, history: &BTreeMap<String, Ou
     let mut seen: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     for (offset, (kind, value)) in log {
         if kind == "data" {
-            seen.entry(value.as_str().unwrap_or("")).or_default().push(*offset);
+            let value = value.as_str().unwrap_or("");
+            seen.entry(value).or_default().push(*offset);
+            figures.final_writes.push((*offset, value.to_string()));
         }
     }
     for (value, outcome) in history {
@@ -422,6 +509,7 @@ fn check_topics(cluster: &Cluster, client: &reqwest::blocking::Client, history: 
         }
     }
     let topics = &views[0];
+    figures.final_writes = topics.keys().map(|name| (-1, name.clone())).collect();
     for (name, outcome) in history {
         match (outcome, topics.get(name)) {
             (Outcome::Acked(id), Some(held)) if held != id => {
@@ -435,6 +523,106 @@ fn check_topics(cluster: &Cluster, client: &reqwest::blocking::Client, history: 
     for name in topics.keys() {
         if name != "marker" && !history.contains_key(name) {
             figures.unsent.push(format!("{name} exists but was never created"));
+        }
+    }
+}
+
+/// The linearizability of the history (Porcupine's question, answered
+/// directly for an append-only log whose order is known): with the final
+/// log's order as the order of the writes, every linearizable read must
+/// see each write acknowledged before it began, no write begun after it
+/// ended, and no less than a read that ended before it began; and no
+/// write may be ordered before one acknowledged before it began. Only
+/// acknowledged writes bound anything by their answer: a write of unknown
+/// outcome may take effect at any time after it began.
+fn check_linearizable(
+    final_writes: &[(i64, String)],
+    history: &BTreeMap<String, Outcome>,
+    timings: &BTreeMap<String, (Instant, Instant)>,
+    reads: &[Read],
+    figures: &mut Figures,
+) {
+    figures.reads = reads.len() as u64;
+    let acked = |value: &str| matches!(history.get(value), Some(Outcome::Acked(_)));
+    let position: BTreeMap<&str, i64> = final_writes.iter().map(|(o, v)| (v.as_str(), *o)).collect();
+    // Acknowledged writes by the time their answer came, with the highest
+    // position among those answered so far.
+    let mut by_answer: Vec<(Instant, &str)> = timings
+        .iter()
+        .filter(|(value, _)| acked(value))
+        .map(|(value, (_, answered))| (*answered, value.as_str()))
+        .collect();
+    by_answer.sort();
+    let mut highest = Vec::with_capacity(by_answer.len() + 1);
+    highest.push(-1);
+    for (_, value) in &by_answer {
+        let at = position.get(value).copied().unwrap_or(-1);
+        highest.push(at.max(*highest.last().unwrap()));
+    }
+    // The writes in log order, with the latest start among those so far.
+    let mut latest_start: Vec<Option<Instant>> = Vec::with_capacity(final_writes.len() + 1);
+    latest_start.push(None);
+    for (_, value) in final_writes {
+        let start = timings.get(value).map(|(invoked, _)| *invoked);
+        latest_start.push(start.max(*latest_start.last().unwrap()));
+    }
+    let mut by_end: Vec<&Read> = reads.iter().collect();
+    by_end.sort_by_key(|r| r.completed);
+    let size = |read: &Read| match &read.seen {
+        Seen::HighWatermark(hw) => *hw,
+        Seen::Topics(topics) => topics.len() as i64,
+    };
+    let mut most_seen = vec![i64::MIN];
+    for read in &by_end {
+        most_seen.push(size(read).max(*most_seen.last().unwrap()));
+    }
+    for read in reads {
+        let before = by_answer.partition_point(|(answered, _)| *answered < read.invoked);
+        match &read.seen {
+            Seen::HighWatermark(hw) => {
+                if highest[before] >= *hw {
+                    figures.stale.push(format!(
+                        "a read saw the log end at {hw}, but a write at {} was acknowledged before it began",
+                        highest[before]
+                    ));
+                }
+                let below = final_writes.partition_point(|(offset, _)| offset < hw);
+                if latest_start[below].is_some_and(|start| start > read.completed) {
+                    figures.future.push(format!("a read of the log end {hw} saw a write begun after it ended"));
+                }
+            }
+            Seen::Topics(topics) => {
+                for (_, name) in &by_answer[..before] {
+                    if !topics.contains(*name) {
+                        figures.stale.push(format!("a read missed topic {name}, acknowledged before it began"));
+                    }
+                }
+                for name in topics {
+                    if timings.get(name).is_some_and(|(invoked, _)| *invoked > read.completed) {
+                        figures.future.push(format!("a read saw topic {name}, created after it ended"));
+                    }
+                }
+            }
+        }
+        let ended_before = by_end.partition_point(|r| r.completed < read.invoked);
+        if most_seen[ended_before] > size(read) {
+            figures.regressed.push(format!(
+                "a read saw {} after an earlier one saw {}",
+                size(read),
+                most_seen[ended_before]
+            ));
+        }
+    }
+    // Write order against real time (log mode: the final log is ordered).
+    let mut latest = None;
+    for (offset, value) in final_writes.iter().filter(|(offset, _)| *offset >= 0) {
+        if let (true, Some((invoked, answered))) = (acked(value), timings.get(value)) {
+            if latest.is_some_and(|l| *answered < l) {
+                figures.reordered.push(format!("{value} at {offset} was acknowledged before a write below it began"));
+            }
+            latest = latest.max(Some(*invoked));
+        } else if let Some((invoked, _)) = timings.get(value) {
+            latest = latest.max(Some(*invoked));
         }
     }
 }
@@ -461,7 +649,18 @@ fn run(run: Run) -> Figures {
     let history: History = Default::default();
     let stop = Arc::new(AtomicBool::new(false));
     let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.http_port).collect();
-    let writers = start_writers(run.mode, ports, 3, run.seed, history.clone(), stop.clone());
+    let timings: Timings = Default::default();
+    let reads: Reads = Default::default();
+    let writers = start_writers(
+        run.mode,
+        ports.clone(),
+        3,
+        run.seed,
+        history.clone(),
+        timings.clone(),
+        stop.clone(),
+    );
+    let reader = start_reader(run.mode, ports, run.seed, reads.clone(), stop.clone());
     let mut rng = SmallRng::seed_from_u64(run.seed);
     let mut figures = Figures::default();
     for cycle in 0..run.cycles {
@@ -478,7 +677,12 @@ fn run(run: Run) -> Figures {
     for writer in writers {
         writer.join().unwrap();
     }
-    let checked = check(&mut cluster, &client, &run, &history);
+    reader.join().unwrap();
+    let mut checked = check(&mut cluster, &client, &run, &history);
+    let timings = timings.lock().unwrap().clone();
+    let reads = reads.lock().unwrap().clone();
+    let final_writes = std::mem::take(&mut checked.final_writes);
+    check_linearizable(&final_writes, &history.lock().unwrap(), &timings, &reads, &mut checked);
     let figures = Figures {
         faults: figures.faults,
         ..checked
@@ -486,16 +690,21 @@ fn run(run: Run) -> Figures {
     println!("{}", figures.line(&run));
     if !figures.clean() {
         panic!(
-            "{}\nlost: {:?}\nduplicated: {:?}\nunsent: {:?}\ndivergent: {:?}\ngaps: {:?}\n{}",
+            "{}\nlost: {:?}\nduplicated: {:?}\nunsent: {:?}\ndivergent: {:?}\ngaps: {:?}\nstale: {:?}\nfuture: {:?}\nregressed: {:?}\nreordered: {:?}\n{}",
             figures.line(&run),
             figures.lost,
             figures.duplicated,
             figures.unsent,
             figures.divergent,
             figures.gaps,
+            figures.stale.iter().take(10).collect::<Vec<_>>(),
+            figures.future.iter().take(10).collect::<Vec<_>>(),
+            figures.regressed.iter().take(10).collect::<Vec<_>>(),
+            figures.reordered.iter().take(10).collect::<Vec<_>>(),
             cluster.logs()
         );
     }
+    assert!(figures.reads > 0, "no linearizable read was answered: {}", figures.line(&run));
     assert!(figures.acked > 0, "nothing was acknowledged: {}", figures.line(&run));
     figures
 }
@@ -578,4 +787,46 @@ fn the_checks_count_lost_duplicated_and_unsent_writes() {
     assert_eq!(figures.lost.len(), 1, "w0-2: {:?}", figures.lost);
     assert_eq!(figures.duplicated.len(), 1, "w0-1 (a retried marker is not): {:?}", figures.duplicated);
     assert_eq!(figures.unsent.len(), 2, "w0-3 refused, stranger never sent: {:?}", figures.unsent);
+}
+
+/// The linearizability checks: a read that misses an earlier acknowledged
+/// write, one that sees a later write, one that goes back, and a write
+/// ordered before one acknowledged before it began are each counted.
+#[test]
+fn the_linearizability_checks_count_each_kind_of_violation() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    // w-d [40, 50] is ordered first (offset 0), before w-a [0, 10],
+    // w-b [20, 30] and w-c [5, 15], each acknowledged before w-d began.
+    let final_writes: Vec<(i64, String)> =
+        vec![(0, "w-d".into()), (1, "w-a".into()), (2, "w-b".into()), (3, "w-c".into())];
+    let history: BTreeMap<String, Outcome> = ["w-a", "w-b", "w-c", "w-d"]
+        .into_iter()
+        .map(|v| (v.to_string(), Outcome::Acked(String::new())))
+        .collect();
+    let timings: BTreeMap<String, (Instant, Instant)> = [
+        ("w-a", (at(0), at(10))),
+        ("w-b", (at(20), at(30))),
+        ("w-c", (at(5), at(15))),
+        ("w-d", (at(40), at(50))),
+    ]
+    .into_iter()
+    .map(|(v, t)| (v.to_string(), t))
+    .collect();
+    let read = |invoked, completed, hw| Read {
+        invoked: at(invoked),
+        completed: at(completed),
+        seen: Seen::HighWatermark(hw),
+    };
+    let reads = vec![
+        read(60, 61, 4), // sees everything: fine
+        read(12, 13, 1), // misses w-a (acked at 10), and sees w-d (begun at 40)
+        read(70, 71, 2), // less than the read that ended at 61
+    ];
+    let mut figures = Figures::default();
+    check_linearizable(&final_writes, &history, &timings, &reads, &mut figures);
+    assert_eq!(figures.stale.len(), 2, "{:?}", figures.stale);
+    assert_eq!(figures.future.len(), 1, "{:?}", figures.future);
+    assert_eq!(figures.regressed.len(), 1, "{:?}", figures.regressed);
+    assert_eq!(figures.reordered.len(), 3, "w-a, w-b, w-c after w-d: {:?}", figures.reordered);
 }

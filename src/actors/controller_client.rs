@@ -1,9 +1,10 @@
 //! ControllerClient: how a node that is not the active controller (a
 //! follower, a broker) hands a controller operation to the one that is, as
 //! a `RaftRequest::Controller` on the raft listener (Kafka's brokers reach
-//! the controller on its controller listener the same way). Each request
-//! gets one answer: the controller's, or why none came (see
-//! [`Forward`]).
+//! the controller on its controller listener the same way); and how it asks
+//! the leader for a linearizable read's index (`RaftRequest::ReadIndex`).
+//! Each request gets one answer: the leader's, or why none came (see
+//! [`Forward`] and [`ForwardReadIndex`]).
 
 use std::collections::HashMap;
 
@@ -12,7 +13,8 @@ use tokio::sync::oneshot;
 
 use crate::actors::controller::{decode_answer, encode_operation, Operation, OperationAnswer};
 use crate::messages::actor::{RequestOutcome, SendRequest, TransportError};
-use crate::messages::{RaftRequest, RaftResponse};
+use crate::messages::{RaftRequest, RaftResponse, ReadIndexResponse};
+use crate::types::{AppendError, Offset};
 use crate::metadata::controller::ControllerError;
 use crate::types::NodeId;
 
@@ -28,11 +30,23 @@ pub struct Forward {
     pub operation: Operation,
 }
 
+/// Asks voter `to`, taken for the leader, for a read index.
+#[derive(Message)]
+#[rtype(result = "Result<Offset, AppendError>")]
+pub struct ForwardReadIndex {
+    pub to: NodeId,
+}
+
+enum Pending {
+    Operation(oneshot::Sender<Result<OperationAnswer, ControllerError>>),
+    ReadIndex(oneshot::Sender<Result<Offset, AppendError>>),
+}
+
 pub struct ControllerClient {
     requests: Recipient<SendRequest>,
     timeout_ms: u64,
     next_id: u64,
-    pending: HashMap<u64, oneshot::Sender<Result<OperationAnswer, ControllerError>>>,
+    pending: HashMap<u64, Pending>,
 }
 
 impl ControllerClient {
@@ -59,7 +73,7 @@ impl Handler<Forward> for ControllerClient {
         let id = self.next_id;
         self.next_id += 1;
         let (reply, answer) = oneshot::channel();
-        self.pending.insert(id, reply);
+        self.pending.insert(id, Pending::Operation(reply));
         self.requests.do_send(SendRequest {
             to: msg.to,
             correlation_id: id,
@@ -74,12 +88,60 @@ impl Handler<Forward> for ControllerClient {
     }
 }
 
+impl Handler<ForwardReadIndex> for ControllerClient {
+    type Result = ResponseFuture<Result<Offset, AppendError>>;
+
+    fn handle(&mut self, msg: ForwardReadIndex, _ctx: &mut Self::Context) -> Self::Result {
+        let id = self.next_id;
+        self.next_id += 1;
+        let (reply, answer) = oneshot::channel();
+        self.pending.insert(id, Pending::ReadIndex(reply));
+        self.requests.do_send(SendRequest {
+            to: msg.to,
+            correlation_id: id,
+            request: RaftRequest::ReadIndex,
+            timeout_ms: self.timeout_ms,
+        });
+        Box::pin(async move {
+            answer
+                .await
+                .unwrap_or_else(|_| Err(AppendError::Unavailable("the node is stopping".to_string())))
+        })
+    }
+}
+
+/// What a read index request's outcome says. A read asks for nothing to
+/// be written: every failure may be retried.
+fn read_index_of(msg: RequestOutcome) -> Result<Offset, AppendError> {
+    let not_leader = |leader_id| AppendError::NotLeader {
+        leader_id,
+        leader_endpoint: None,
+    };
+    match msg.result {
+        Ok(RaftResponse::ReadIndex(ReadIndexResponse::Index(index))) => Ok(index),
+        Ok(RaftResponse::ReadIndex(ReadIndexResponse::NotLeader { leader_id })) => Err(not_leader(leader_id)),
+        Ok(RaftResponse::ReadIndex(ReadIndexResponse::Unavailable { reason })) => {
+            Err(AppendError::Unavailable(reason))
+        }
+        Ok(_) => Err(not_leader(None)),
+        Err(e) => Err(AppendError::Unavailable(format!(
+            "no read index from node {}: {e}",
+            msg.from
+        ))),
+    }
+}
+
 impl Handler<RequestOutcome> for ControllerClient {
     type Result = ();
 
     fn handle(&mut self, msg: RequestOutcome, _ctx: &mut Self::Context) {
-        let Some(reply) = self.pending.remove(&msg.correlation_id) else {
-            return;
+        let reply = match self.pending.remove(&msg.correlation_id) {
+            None => return,
+            Some(Pending::ReadIndex(reply)) => {
+                let _ = reply.send(read_index_of(msg));
+                return;
+            }
+            Some(Pending::Operation(reply)) => reply,
         };
         let answer = match msg.result {
             Ok(RaftResponse::Controller(bytes)) => decode_answer(&bytes),

@@ -387,14 +387,19 @@ impl<N: NodeApi> Connection<N> {
                 break;
             };
             let answer = match decode(frame) {
-                Decoded::Request(_, ClientRequest::Read { .. }) if self.reads_in_flight >= MAX_READS_IN_FLIGHT => {
+                Decoded::Request(_, ClientRequest::Read { .. } | ClientRequest::ReadLinearizable { .. })
+                    if self.reads_in_flight >= MAX_READS_IN_FLIGHT =>
+                {
                     // A page of records is large: taken once a read is
                     // answered.
                     self.next_frame_waits = true;
                     break;
                 }
                 Decoded::Request(id, request) => {
-                    self.reads_in_flight += usize::from(matches!(request, ClientRequest::Read { .. }));
+                    self.reads_in_flight += usize::from(matches!(
+                        request,
+                        ClientRequest::Read { .. } | ClientRequest::ReadLinearizable { .. }
+                    ));
                     self.start(id, request, len)
                 }
                 Decoded::Refused(id, refusal) => ready(id, ClientResponse::Error(refusal), InFlight::bytes(len)),
@@ -434,13 +439,21 @@ impl<N: NodeApi> Connection<N> {
                 }
                 .boxed_local()
             }
-            ClientRequest::Read { from, max } => {
+            ClientRequest::Read { from, max } | ClientRequest::ReadLinearizable { from, max } => {
                 let node = self.node.clone();
+                let linearizable = matches!(request, ClientRequest::ReadLinearizable { .. });
                 async move {
                     let max = usize::try_from(max).unwrap_or(usize::MAX);
-                    let answer = match node.read_records(from, max).await {
-                        Ok(page) => ClientResponse::Records(page),
-                        Err(err) => ClientResponse::Error(ClientError::Unavailable(err.reason().to_string())),
+                    let barrier = match linearizable {
+                        true => node.read_barrier().await.map(drop),
+                        false => Ok(()),
+                    };
+                    let answer = match barrier {
+                        Err(err) => ClientResponse::Error(err.into()),
+                        Ok(()) => match node.read_records(from, max).await {
+                            Ok(page) => ClientResponse::Records(page),
+                            Err(err) => ClientResponse::Error(ClientError::Unavailable(err.reason().to_string())),
+                        },
                     };
                     (id, answer, InFlight { bytes: len, read: true })
                 }
@@ -525,7 +538,7 @@ fn decode(frame: &[u8]) -> Decoded {
         Ok(ClientRequest::Append { records }) if records.is_empty() => {
             refused("records must hold at least one record".to_owned())
         }
-        Ok(ClientRequest::Read { from, .. }) if from < 0 => {
+        Ok(ClientRequest::Read { from, .. } | ClientRequest::ReadLinearizable { from, .. }) if from < 0 => {
             refused(format!("from: expected an offset >= 0, got {from}"))
         }
         Ok(ClientRequest::Operate(Operation::FenceExpired { .. })) => {

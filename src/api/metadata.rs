@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -52,6 +52,15 @@ fn image_of<N: NodeApi>(node: &N) -> Result<MetadataImage, ApiError> {
             "this node keeps no metadata image: node.state_machine is not \"metadata\"".to_string(),
         ))
     })
+}
+
+/// The image of a node that keeps one, for a read: with
+/// `?consistency=linearizable`, once it reflects every write acknowledged
+/// before the request (see [`super::consistent`]).
+async fn read_image<N: NodeApi>(node: &N, req: &HttpRequest) -> Result<MetadataImage, ApiError> {
+    image_of(node)?;
+    super::consistent(node, req).await?;
+    image_of(node)
 }
 
 /// A request body as `T`, with a message naming what was expected.
@@ -143,8 +152,8 @@ pub(super) fn log_page(page: RecordPage) -> Value {
     })
 }
 
-pub(super) async fn image<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
-    let image = image_of(node.get_ref())?;
+pub(super) async fn image<N: NodeApi>(node: web::Data<N>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let image = read_image(node.get_ref(), &req).await?;
     let configs: Vec<Value> = image
         .configs
         .iter()
@@ -166,8 +175,8 @@ pub(super) async fn image<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse
     })))
 }
 
-pub(super) async fn brokers<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
-    let image = image_of(node.get_ref())?;
+pub(super) async fn brokers<N: NodeApi>(node: web::Data<N>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let image = read_image(node.get_ref(), &req).await?;
     Ok(HttpResponse::Ok().json(json!({
         "offset": image.offset,
         "brokers": image.brokers.values().map(broker_json).collect::<Vec<_>>(),
@@ -183,9 +192,13 @@ fn broker_id(text: &str) -> Result<BrokerId, ApiError> {
     })
 }
 
-pub(super) async fn broker<N: NodeApi>(node: web::Data<N>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub(super) async fn broker<N: NodeApi>(
+    node: web::Data<N>,
+    path: web::Path<String>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
     let id = broker_id(&path)?;
-    let image = image_of(node.get_ref())?;
+    let image = read_image(node.get_ref(), &req).await?;
     let broker = image.brokers.get(&id).ok_or_else(|| {
         ApiError::from(ControllerError::BrokerIdNotRegistered(format!(
             "broker {id} is not registered"
@@ -335,8 +348,8 @@ pub(super) async fn unregister_broker<N: NodeApi>(
     Ok(HttpResponse::Ok().json(json!({ "id": id })))
 }
 
-pub(super) async fn topics<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
-    let image = image_of(node.get_ref())?;
+pub(super) async fn topics<N: NodeApi>(node: web::Data<N>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let image = read_image(node.get_ref(), &req).await?;
     let topics: Vec<Value> = image
         .topic_ids_by_name
         .iter()
@@ -397,8 +410,12 @@ pub(super) async fn create_topic<N: NodeApi>(node: web::Data<N>, bytes: web::Byt
     topic_answer(&answer.image, &name)
 }
 
-pub(super) async fn topic<N: NodeApi>(node: web::Data<N>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    topic_answer(&image_of(node.get_ref())?, &path)
+pub(super) async fn topic<N: NodeApi>(
+    node: web::Data<N>,
+    path: web::Path<String>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    topic_answer(&read_image(node.get_ref(), &req).await?, &path)
 }
 
 pub(super) async fn delete_topic<N: NodeApi>(
@@ -447,26 +464,29 @@ fn resource_type(kind: &str) -> Result<i8, ApiError> {
 pub(super) async fn configs<N: NodeApi>(
     node: web::Data<N>,
     path: web::Path<(String, String)>,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let (kind, name) = path.into_inner();
-    read_configs(node.get_ref(), &kind, &name)
+    let image = read_image(node.get_ref(), &req).await?;
+    read_configs(&image, &kind, &name)
 }
 
-fn read_configs<N: NodeApi>(node: &N, kind: &str, name: &str) -> Result<HttpResponse, ApiError> {
+fn read_configs(image: &MetadataImage, kind: &str, name: &str) -> Result<HttpResponse, ApiError> {
     let resource_type = resource_type(kind)?;
-    let image = image_of(node)?;
     if resource_type == CONFIG_RESOURCE_TOPIC && image.topic(name).is_none() {
         return Err(unknown_topic(name));
     }
-    Ok(HttpResponse::Ok().json(configs_of(&image, resource_type, name)))
+    Ok(HttpResponse::Ok().json(configs_of(image, resource_type, name)))
 }
 
 /// `/v1/configs/broker/` (the cluster default): the same with an empty name.
 pub(super) async fn default_configs<N: NodeApi>(
     node: web::Data<N>,
     path: web::Path<String>,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    read_configs(node.get_ref(), &path, "")
+    let image = read_image(node.get_ref(), &req).await?;
+    read_configs(&image, &path, "")
 }
 
 #[derive(Deserialize)]
@@ -518,8 +538,8 @@ fn features_json(image: &MetadataImage) -> Value {
     })
 }
 
-pub(super) async fn features<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(features_json(&image_of(node.get_ref())?)))
+pub(super) async fn features<N: NodeApi>(node: web::Data<N>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(features_json(&read_image(node.get_ref(), &req).await?)))
 }
 
 pub(super) async fn update_features<N: NodeApi>(

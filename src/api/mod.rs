@@ -5,6 +5,7 @@
 //! | `GET /v1/quorum` | 200 [`QuorumStatus`] |
 //! | `POST /v1/append` `{"records": ["text", ...]}` | 200 `{"base_offset", "last_offset", "epoch"}` once committed |
 //! | `GET /v1/log?from=OFFSET&max=N` | 200 [`LogPage`] of committed records (below the log start: from the newest snapshot) |
+//! | any read of the log or the image `?consistency=linearizable` | as without, once this node has applied a read index from the leader (`NodeHandle::read_barrier`) |
 //! | `POST /v1/snapshot` | 200 `{"end_offset", "epoch", "size_bytes", "created"}` once the snapshot is durable |
 //! | `GET /healthz` | 200 `{"status": "ok", "node_id", "role", "leader_id", "leader_epoch"}` |
 //! | `GET /metrics` | 200 Prometheus text (see [`metrics`]) |
@@ -150,6 +151,13 @@ pub(crate) trait NodeApi: Clone + 'static {
     fn metadata_image(&self) -> Option<MetadataImage> {
         None
     }
+    /// Waits until a linearizable read may be served (see
+    /// [`NodeHandle::read_barrier`]).
+    fn read_barrier(&self) -> impl Future<Output = Result<Offset, AppendError>> {
+        std::future::ready(Err(AppendError::Unavailable(
+            "this node serves no linearizable reads".to_string(),
+        )))
+    }
     /// A controller operation (see [`NodeHandle::operate`]).
     fn operate(&self, _operation: Operation) -> impl Future<Output = Result<Answer, ControllerError>> {
         std::future::ready(Err(ControllerError::NotController {
@@ -183,6 +191,32 @@ impl NodeApi for NodeHandle {
     }
     fn operate(&self, operation: Operation) -> impl Future<Output = Result<Answer, ControllerError>> {
         NodeHandle::operate(self, operation)
+    }
+    fn read_barrier(&self) -> impl Future<Output = Result<Offset, AppendError>> {
+        NodeHandle::read_barrier(self)
+    }
+}
+
+/// The read parameter every GET of the log or the image takes.
+#[derive(Debug, Deserialize)]
+struct ReadParams {
+    consistency: Option<String>,
+}
+
+/// `?consistency=`: `local` (the default) reads this node as it is, which
+/// may trail the leader; `linearizable` first waits for a read index from
+/// the leader ([`NodeHandle::read_barrier`]), so that the read sees every
+/// write acknowledged before the request, by any node.
+async fn consistent<N: NodeApi>(node: &N, req: &HttpRequest) -> Result<(), ApiError> {
+    let params = web::Query::<ReadParams>::from_query(req.query_string())
+        .map_err(|e| ApiError::bad_request(format!("query string: {e}")))?;
+    match params.consistency.as_deref() {
+        None | Some("local") => Ok(()),
+        Some("linearizable") => node.read_barrier().await.map(drop).map_err(ApiError::from),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "consistency: expected \"local\" or \"linearizable\", got {:?}",
+            truncated(other)
+        ))),
     }
 }
 
@@ -489,10 +523,18 @@ async fn append<N: NodeApi>(req: HttpRequest, body: web::Json<AppendRequest>) ->
 struct LogParams {
     from: Option<String>,
     max: Option<String>,
+    /// Read by [`consistent`].
+    #[allow(dead_code)]
+    consistency: Option<String>,
 }
 
-async fn log<N: NodeApi>(node: web::Data<N>, params: web::Query<LogParams>) -> Result<HttpResponse, ApiError> {
+async fn log<N: NodeApi>(
+    node: web::Data<N>,
+    params: web::Query<LogParams>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
     let params = params.into_inner();
+    consistent(node.get_ref(), &req).await?;
     let max = match params.max.as_deref() {
         None => LOG_PAGE_DEFAULT,
         Some(text) => match text.parse::<u64>() {

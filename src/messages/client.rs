@@ -57,6 +57,10 @@ pub enum ClientRequest {
     /// [`ClientError::Controller`] with Kafka's error name.
     /// [`Operation::FenceExpired`] is the controller's own: BadRequest.
     Operate(Operation),
+    /// [`ClientRequest::Read`] once this node has caught up with a read
+    /// index from the leader (`NodeHandle::read_barrier`): the page sees
+    /// every append acknowledged before the request, by any node.
+    ReadLinearizable { from: Offset, max: u32 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -222,6 +222,22 @@ pub enum RaftRequest {
     /// An operation for the active controller (metadata mode), forwarded
     /// by a node that is not it: opaque here, encoded by the metadata layer.
     Controller(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A read index for a linearizable read on the sender (etcd's
+    /// ReadIndex): answered [`RaftResponse::ReadIndex`].
+    ReadIndex,
+}
+
+/// The leader's answer to a [`RaftRequest::ReadIndex`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadIndexResponse {
+    /// Everything committed before the request reached the leader lies
+    /// below this offset: the leader's high watermark once a majority had
+    /// followed it, in its epoch, after the request came.
+    Index(Offset),
+    /// The receiver is not the leader; it names the leader it knows.
+    NotLeader { leader_id: Option<NodeId> },
+    /// The leader gave no index in time, or is stopping.
+    Unavailable { reason: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -241,6 +257,7 @@ pub enum RaftResponse {
     /// The controller's answer to a [`RaftRequest::Controller`], encoded by
     /// the metadata layer.
     Controller(#[serde(with = "serde_bytes")] Vec<u8>),
+    ReadIndex(ReadIndexResponse),
 }
 
 impl RaftRequest {
@@ -256,6 +273,7 @@ impl RaftRequest {
             RaftRequest::Append(_) => "Append",
             RaftRequest::AppendMany(_) => "AppendMany",
             RaftRequest::Controller(_) => "Controller",
+            RaftRequest::ReadIndex => "ReadIndex",
         }
     }
 }

@@ -447,6 +447,7 @@ impl Harness {
                 position: f.large,
                 max_bytes: f.small as u32,
             }),
+            _ if f.flag && f.other_flag && f.variant % 2 == 0 => RaftRequest::ReadIndex,
             _ if f.flag && f.other_flag => RaftRequest::Controller(vec![1u8; 5]),
             _ if f.flag => RaftRequest::DescribeQuorum,
             _ if f.other_flag => RaftRequest::AppendMany(AppendManyRequest {
@@ -477,7 +478,7 @@ impl Harness {
     fn response(&self, variant: u8, f: &Fields, request: Option<&RaftRequest>) -> RaftResponse {
         let epoch = self.epoch(f.epoch, self.node.log().end_offset());
         let leader_id = self.leader(f.leader);
-        match variant % 10 {
+        match variant % 11 {
             0 => RaftResponse::Vote(VoteResponse {
                 error: f.error,
                 epoch,
@@ -522,6 +523,7 @@ impl Harness {
             6 => RaftResponse::Append(AppendResponse::NotLeader { leader_id }),
             7 => RaftResponse::AppendMany(vec![AppendResponse::NotLeader { leader_id }]),
             8 => RaftResponse::Controller(vec![0u8; f.small as usize % 7]),
+            9 => RaftResponse::ReadIndex(crate::messages::ReadIndexResponse::Index(f.large as Offset)),
             _ => RaftResponse::Error(f.error),
         }
     }
@@ -603,6 +605,7 @@ impl Harness {
                     (true, RaftRequest::Append(_)) => 6,
                     (true, RaftRequest::AppendMany(_)) => 7,
                     (true, RaftRequest::Controller(_)) => 8,
+                    (true, RaftRequest::ReadIndex) => 9,
                 };
                 let response = self.response(variant, fields, Some(&request));
                 let from = if *misdirected { fields.node } else { to };

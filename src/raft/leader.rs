@@ -427,7 +427,7 @@ impl RaftNode {
         }
     }
 
-    fn append_as_leader(&mut self, records: Vec<Record>) {
+    pub(super) fn append_as_leader(&mut self, records: Vec<Record>) {
         let epoch = self.election.epoch;
         let now = self.now_ms;
         let Role::Leader(leader) = &mut self.role else {

@@ -423,8 +423,12 @@ impl RaftNode {
                 self.respond(from, request_id, response);
             }
             RaftRequest::FetchSnapshot(req) => self.handle_fetch_snapshot_request(from, request_id, req),
-            // Appends are answered by the shell, never by the protocol.
-            RaftRequest::Append(_) | RaftRequest::AppendMany(_) | RaftRequest::Controller(_) => {
+            // Appends and read indexes are answered by the shell, never by
+            // the protocol.
+            RaftRequest::Append(_)
+            | RaftRequest::AppendMany(_)
+            | RaftRequest::Controller(_)
+            | RaftRequest::ReadIndex => {
                 self.respond(from, request_id, RaftResponse::Error(ErrorCode::InvalidRequest));
             }
         }
@@ -457,7 +461,8 @@ impl RaftNode {
             | RaftResponse::FetchSnapshot(_)
             | RaftResponse::Append(_)
             | RaftResponse::AppendMany(_)
-            | RaftResponse::Controller(_) => {
+            | RaftResponse::Controller(_)
+            | RaftResponse::ReadIndex(_) => {
                 self.note_request_failed(sent);
             }
         }
@@ -533,6 +538,28 @@ impl RaftNode {
         let outcomes = proposals.into_iter().map(|records| self.accumulate(records)).collect();
         self.poll();
         outcomes
+    }
+
+    /// A linearizable read's barrier, on a leader (None elsewhere): the
+    /// offset the next record this leader writes takes. Once the high
+    /// watermark passes it, a majority followed this leader, in its epoch,
+    /// after this call, so everything committed before the call lies below
+    /// the high watermark then (etcd's ReadIndex, confirmed through the
+    /// log: followers fetch, leaders do not send heartbeats). When nothing
+    /// waits to be written, a NoOp is written now to pass it; reads that
+    /// come while records wait share their commit.
+    pub fn read_barrier(&mut self, now_ms: u64) -> Option<Offset> {
+        self.advance_clock(now_ms);
+        if !matches!(self.role, Role::Leader(_)) {
+            return None;
+        }
+        let barrier = self.log.end_offset();
+        if self.accumulator.is_empty() {
+            // Alone in its batch, as control records are.
+            self.append_as_leader(vec![Record::NoOp]);
+        }
+        self.poll();
+        Some(barrier)
     }
 
     /// Storage reports that the flush we asked for completed; `durable_end`

@@ -3638,3 +3638,26 @@ fn a_fetched_batch_that_does_not_decode_is_never_written() {
         "fetches the same offset again"
     );
 }
+
+/// A linearizable read's barrier: on a leader, the log's end, passed by a
+/// NoOp written now when nothing waits to be written; nowhere else.
+#[test]
+fn a_read_barrier_is_the_leaders_log_end_and_a_noop_passes_it() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    let end = node.log().end_offset();
+    assert_eq!(node.read_barrier(now + 1), Some(end));
+    let actions = node.take_actions();
+    let appended: Vec<&Batch> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::AppendBatch(batch) => Some(batch),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(appended.len(), 1, "{actions:?}");
+    assert_eq!(appended[0].base_offset, end);
+    assert_eq!(appended[0].records().unwrap(), vec![Record::NoOp]);
+    let mut follower = start(2, &[1, 2, 3], ElectionState::unattached(1));
+    assert_eq!(follower.read_barrier(1), None);
+}

@@ -1241,7 +1241,8 @@ impl Sim {
             RaftRequest::DescribeQuorum
             | RaftRequest::Append(_)
             | RaftRequest::AppendMany(_)
-            | RaftRequest::Controller(_) => return Ok(()),
+            | RaftRequest::Controller(_)
+            | RaftRequest::ReadIndex => return Ok(()),
         };
         if i64::from(named) != expected {
             return Err(violation(

@@ -120,6 +120,7 @@ impl Trace {
                 self.tag(9);
                 self.u64(bytes.len() as u64);
             }
+            RaftRequest::ReadIndex => self.tag(10),
         }
     }
 
@@ -165,6 +166,7 @@ impl Trace {
             RaftResponse::Append(_) => self.tag(16),
             RaftResponse::AppendMany(_) => self.tag(18),
             RaftResponse::Controller(_) => self.tag(19),
+            RaftResponse::ReadIndex(_) => self.tag(20),
             RaftResponse::Error(e) => {
                 self.tag(17);
                 self.tag(*e as u8);

@@ -67,8 +67,11 @@ use crate::types::{AppendError, AppendReply, Appended, MetricsSnapshot, NodeErro
 
 mod appends;
 mod forwarding;
+mod read_index;
 mod reads;
 mod snapshots;
+
+pub use read_index::{ReadIndex, WaitCommitted};
 mod status;
 
 use status::Metrics;
@@ -288,6 +291,8 @@ pub struct QuorumState {
     chunk_unwritten: bool,
     /// A FetchSnapshot answer held back while the last chunk is written.
     held_chunk_answer: Option<RequestOutcome>,
+    /// Linearizable reads waiting for the high watermark.
+    read_indexes: read_index::ReadIndexes,
 }
 
 impl QuorumState {
@@ -332,6 +337,7 @@ impl QuorumState {
             tail: TailCache::new(TAIL_CACHE_BYTES),
             chunk_unwritten: false,
             held_chunk_answer: None,
+            read_indexes: Default::default(),
             metrics: Metrics::new(),
         }
     }
@@ -496,6 +502,7 @@ impl QuorumState {
                 Action::InstallSnapshot(id) => return self.install_snapshot(id, actions, ctx),
                 Action::HighWatermark(hw) => {
                     self.executed_high_watermark = self.executed_high_watermark.max(hw);
+                    self.read_indexes.on_high_watermark(self.executed_high_watermark);
                     if let Err(e) = post(&self.purgatory, HighWatermarkAdvanced(hw)) {
                         return self.fatal(ctx, format!("fetch purgatory: {e}"));
                     }
@@ -505,6 +512,7 @@ impl QuorumState {
                     self.maybe_pass_high_watermark_hint(false);
                 }
                 Action::RoleChanged(info) => {
+                    self.read_indexes.on_role(&info, self.node_id);
                     if let Err(e) = self.on_role_changed(info) {
                         return self.fatal(ctx, e);
                     }
@@ -752,6 +760,7 @@ impl Handler<InboundRequest> for QuorumState {
                     let _ = msg.reply.send(RaftResponse::Error(ErrorCode::NotLeaderOrFollower));
                 }
             },
+            RaftRequest::ReadIndex => self.inbound_read_index(now, msg.reply),
             RaftRequest::Append(request) => {
                 let reply = msg.reply;
                 let answer = move |mut answers: Vec<AppendResponse>| {
