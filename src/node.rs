@@ -29,7 +29,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info, warn};
 
 pub use crate::actors::controller::Answer;
-pub use crate::messages::controller::{HeartbeatAnswer, Operation, OperationAnswer};
 use crate::actors::controller::{Controller, Operate};
 use crate::actors::controller_client::{ControllerClient, Forward, ForwardReadIndex};
 use crate::actors::fetch_purgatory::{FetchPurgatory, GetCommitStats, StopPurgatory};
@@ -37,8 +36,8 @@ use crate::actors::log_appender::{LogAppender, StorageEvent, StorageWorker};
 use crate::actors::metadata_listeners::{MetadataListeners, RegisterListener, StopListeners};
 pub use crate::actors::quorum_state::SnapshotInfo;
 use crate::actors::quorum_state::{
-    CreateSnapshot, Describe, GetMetrics, Propose, ProposeMany, QuorumPeers, QuorumState, ReadCommitted, ReadIndex, Shutdown,
-    StopReason, WaitCommitted,
+    CreateSnapshot, Describe, GetMetrics, Propose, ProposeMany, QuorumPeers, QuorumState, ReadCommitted, ReadIndex,
+    Shutdown, StopReason, WaitCommitted,
 };
 use crate::actors::request_manager::RequestManager;
 pub use crate::actors::state_machine::StateMachine;
@@ -48,6 +47,7 @@ use crate::broker::BrokerSide;
 use crate::config::{Config, StateMachineKind};
 pub use crate::messages::actor::{Committed, LeaderChanged, Listener, LoadSnapshot};
 use crate::messages::actor::{InboundRequest, RequestOutcome, SendRequest};
+pub use crate::messages::controller::{HeartbeatAnswer, Operation, OperationAnswer};
 pub use crate::messages::records::{CommittedRecord, LogEntry, LogPage, RecordPage};
 use crate::messages::SnapshotId;
 pub use crate::metadata::controller::ControllerError;
@@ -810,7 +810,11 @@ impl NodeHandle {
     /// `answer` once this node's image has reached its offset. The active
     /// controller's own image runs ahead of the one its node publishes, by
     /// the turn the listeners take to replay the same commit.
-    async fn replayed(&self, publisher: &MetadataPublisher, answer: OperationAnswer) -> Result<Answer, ControllerError> {
+    async fn replayed(
+        &self,
+        publisher: &MetadataPublisher,
+        answer: OperationAnswer,
+    ) -> Result<Answer, ControllerError> {
         let mut images = publisher.watch();
         let wait = Duration::from_millis(self.inner.request_timeout_ms);
         let caught_up = tokio::time::timeout(wait, images.wait_for(|image| image.offset >= answer.offset)).await;

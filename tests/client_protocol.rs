@@ -980,13 +980,18 @@ async fn controller_operations_run_over_the_client_protocol_with_kafkas_error_na
         match client.operate(registration.clone()).await {
             Ok(answer) => break answer,
             Err(Error::Node(ClientError::Controller(err))) if err.code() == "NOT_CONTROLLER" => {
-                assert!(tokio::time::Instant::now() < deadline, "no active controller after {WAIT:?}");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no active controller after {WAIT:?}"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(other) => panic!("registration refused: {other}"),
         }
     };
-    let epoch = registered.broker_epoch.expect("a registration answers its broker epoch");
+    let epoch = registered
+        .broker_epoch
+        .expect("a registration answers its broker epoch");
     let beat = client
         .operate(Operation::BrokerHeartbeat {
             broker_id: 1,
@@ -1011,7 +1016,10 @@ async fn controller_operations_run_over_the_client_protocol_with_kafkas_error_na
     let created = client.operate(topic.clone()).await.unwrap();
     assert!(created.offset > registered.offset);
     let image = served.node.metadata_image().unwrap();
-    assert!(image.offset >= created.offset, "answered once this node's image shows it");
+    assert!(
+        image.offset >= created.offset,
+        "answered once this node's image shows it"
+    );
     assert_eq!(image.topic("over-the-wire").unwrap().partitions.len(), 2);
 
     match client.operate(topic).await {

@@ -1380,9 +1380,15 @@ async fn a_linearizable_read_on_a_follower_sees_every_acknowledged_append() {
     for i in 0..30 {
         let appended = leader_node.append(vec![data(&format!("r{i}"))]).await.unwrap();
         let index = follower.read_barrier().await.expect("a read index through the leader");
-        assert!(index > appended.last_offset, "read index {index} below the acknowledged {appended:?}");
+        assert!(
+            index > appended.last_offset,
+            "read index {index} below the acknowledged {appended:?}"
+        );
         let committed_here = follower.describe().await.unwrap().high_watermark;
-        assert!(committed_here >= index, "the follower's high watermark {committed_here} below the read index {index}");
+        assert!(
+            committed_here >= index,
+            "the follower's high watermark {committed_here} below the read index {index}"
+        );
         let page = follower.read_committed(appended.base_offset, 1).await.unwrap();
         assert_eq!(
             page.records.first().and_then(|r| r.value.clone()),

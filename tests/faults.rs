@@ -168,7 +168,9 @@ impl Figures {
 }
 
 fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: a number")))
+    std::env::var(name)
+        .ok()
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: a number")))
 }
 
 /// One write through the node at `port`.
@@ -244,7 +246,13 @@ fn start_writers(
 
 /// A reader: linearizable reads through random nodes until stopped; the
 /// answered ones are kept with their times.
-fn start_reader(mode: Mode, ports: Vec<u16>, seed: u64, reads: Reads, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+fn start_reader(
+    mode: Mode,
+    ports: Vec<u16>,
+    seed: u64,
+    reads: Reads,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let client = http();
         let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
@@ -266,7 +274,12 @@ fn start_reader(mode: Mode, ports: Vec<u16>, seed: u64, reads: Reads, stop: Arc<
             let seen = answer.and_then(|body| match mode {
                 Mode::Log => body["high_watermark"].as_i64().map(Seen::HighWatermark),
                 Mode::Metadata => body["topics"].as_array().map(|topics| {
-                    Seen::Topics(topics.iter().filter_map(|t| t["name"].as_str().map(String::from)).collect())
+                    Seen::Topics(
+                        topics
+                            .iter()
+                            .filter_map(|t| t["name"].as_str().map(String::from))
+                            .collect(),
+                    )
                 }),
             });
             if let Some(seen) = seen {
@@ -289,7 +302,11 @@ fn nemesis(cluster: &mut Cluster, client: &reqwest::blocking::Client, rng: &mut 
     let leader_or_any = leader.unwrap_or(some_node);
     match fault {
         Fault::KillLeader | Fault::KillAny => {
-            let victim = if fault == Fault::KillLeader { leader_or_any } else { some_node };
+            let victim = if fault == Fault::KillLeader {
+                leader_or_any
+            } else {
+                some_node
+            };
             cluster.node(victim).kill9();
             std::thread::sleep(Duration::from_millis(rng.gen_range(200..1500)));
             cluster.node(victim).start();
@@ -342,7 +359,11 @@ fn nemesis(cluster: &mut Cluster, client: &reqwest::blocking::Client, rng: &mut 
 
 /// Every committed record of a node, offset → (kind, value), and its high
 /// watermark.
-fn read_log(cluster: &Cluster, client: &reqwest::blocking::Client, index: usize) -> Option<(i64, BTreeMap<i64, (String, Value)>)> {
+fn read_log(
+    cluster: &Cluster,
+    client: &reqwest::blocking::Client,
+    index: usize,
+) -> Option<(i64, BTreeMap<i64, (String, Value)>)> {
     let node = &cluster.nodes[index];
     let mut from = 0;
     let mut out = BTreeMap::new();
@@ -362,7 +383,11 @@ fn read_log(cluster: &Cluster, client: &reqwest::blocking::Client, index: usize)
         }
         for r in records {
             let offset = r["offset"].as_i64()?;
-            let value = if r["kind"] == "data" { r["value"].clone() } else { r.clone() };
+            let value = if r["kind"] == "data" {
+                r["value"].clone()
+            } else {
+                r.clone()
+            };
             out.insert(offset, (r["kind"].as_str()?.to_string(), value));
             from = offset + 1;
         }
@@ -401,7 +426,11 @@ fn check(cluster: &mut Cluster, client: &reqwest::blocking::Client, run: &Run, h
             .and_then(|q| q["high_watermark"].as_i64())
     };
     let target_hw = loop {
-        assert!(Instant::now() < deadline, "the leader's status unreadable\n{}", cluster.logs());
+        assert!(
+            Instant::now() < deadline,
+            "the leader's status unreadable\n{}",
+            cluster.logs()
+        );
         if let Some(hw) = high_watermark(marker) {
             break hw;
         }
@@ -430,12 +459,20 @@ fn check(cluster: &mut Cluster, client: &reqwest::blocking::Client, run: &Run, h
             std::thread::sleep(Duration::from_millis(200));
         };
         // Every node compares what all of them committed.
-        logs.push(log.range(..target_hw).map(|(o, r)| (*o, r.clone())).collect::<BTreeMap<_, _>>());
+        logs.push(
+            log.range(..target_hw)
+                .map(|(o, r)| (*o, r.clone()))
+                .collect::<BTreeMap<_, _>>(),
+        );
     }
     // A metadata log is read from its start (what came before is in a
     // snapshot, as the image), which differs between nodes: they compare
     // what all of them hold. A log-mode log is read whole, from 0.
-    let common_start = logs.iter().filter_map(|log| log.keys().next().copied()).max().unwrap_or(0);
+    let common_start = logs
+        .iter()
+        .filter_map(|log| log.keys().next().copied())
+        .max()
+        .unwrap_or(0);
     for log in &mut logs {
         *log = log.split_off(&common_start);
     }
@@ -459,7 +496,9 @@ fn check(cluster: &mut Cluster, client: &reqwest::blocking::Client, run: &Run, h
     }
     let log = &logs[0];
     if run.mode == Mode::Log && common_start != 0 {
-        figures.gaps.push(format!("a log-mode log read from offset {common_start}, not 0"));
+        figures
+            .gaps
+            .push(format!("a log-mode log read from offset {common_start}, not 0"));
     }
     if let Some(gap) = (common_start..target_hw).find(|o| !log.contains_key(o)) {
         figures.gaps.push(format!("offset {gap} missing below {target_hw}"));
@@ -485,7 +524,9 @@ fn check_log(log: &BTreeMap<i64, (String, Value)>, history: &BTreeMap<String, Ou
         match outcome {
             Outcome::Acked(offset) => {
                 if at.is_none_or(|offsets| offsets.iter().all(|o| o.to_string() != *offset)) {
-                    figures.lost.push(format!("{value} acknowledged at {offset}, log has it at {at:?}"));
+                    figures
+                        .lost
+                        .push(format!("{value} acknowledged at {offset}, log has it at {at:?}"));
                 }
             }
             Outcome::Refused(code) if at.is_some() => {
@@ -505,22 +546,40 @@ fn check_log(log: &BTreeMap<i64, (String, Value)>, history: &BTreeMap<String, Ou
 }
 
 /// Topic names → ids, of a node's image, with the image's offset.
-fn topics_of(cluster: &Cluster, client: &reqwest::blocking::Client, index: usize) -> Option<(i64, BTreeMap<String, String>)> {
+fn topics_of(
+    cluster: &Cluster,
+    client: &reqwest::blocking::Client,
+    index: usize,
+) -> Option<(i64, BTreeMap<String, String>)> {
     let image = cluster.nodes[index].get(client, "/v1/topics")?;
     let topics = image["topics"]
         .as_array()?
         .iter()
-        .map(|t| (t["name"].as_str().unwrap_or("").to_string(), t["id"].as_str().unwrap_or("").to_string()))
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap_or("").to_string(),
+                t["id"].as_str().unwrap_or("").to_string(),
+            )
+        })
         .collect();
     Some((image["offset"].as_i64()?, topics))
 }
 
-fn check_topics(cluster: &Cluster, client: &reqwest::blocking::Client, history: &BTreeMap<String, Outcome>, figures: &mut Figures) {
+fn check_topics(
+    cluster: &Cluster,
+    client: &reqwest::blocking::Client,
+    history: &BTreeMap<String, Outcome>,
+    figures: &mut Figures,
+) {
     let mut views = Vec::new();
     for index in 0..cluster.nodes.len() {
         let deadline = Instant::now() + RECOVERY;
         let view = loop {
-            assert!(Instant::now() < deadline, "no topics from node {}", cluster.nodes[index].id);
+            assert!(
+                Instant::now() < deadline,
+                "no topics from node {}",
+                cluster.nodes[index].id
+            );
             match topics_of(cluster, client, index) {
                 Some((_, topics)) if topics.contains_key("marker") => break topics,
                 _ => std::thread::sleep(Duration::from_millis(100)),
@@ -530,17 +589,22 @@ fn check_topics(cluster: &Cluster, client: &reqwest::blocking::Client, history: 
     }
     for (index, view) in views.iter().enumerate().skip(1) {
         if *view != views[0] {
-            figures.divergent.push(format!("node {}'s topics differ from node {}'s", cluster.nodes[index].id, cluster.nodes[0].id));
+            figures.divergent.push(format!(
+                "node {}'s topics differ from node {}'s",
+                cluster.nodes[index].id, cluster.nodes[0].id
+            ));
         }
     }
     let topics = &views[0];
     figures.final_writes = topics.keys().map(|name| (-1, name.clone())).collect();
     for (name, outcome) in history {
         match (outcome, topics.get(name)) {
-            (Outcome::Acked(id), Some(held)) if held != id => {
-                figures.lost.push(format!("{name} acknowledged with id {id}, the image has {held}"))
-            }
-            (Outcome::Acked(id), None) => figures.lost.push(format!("{name} acknowledged with id {id}, not in the image")),
+            (Outcome::Acked(id), Some(held)) if held != id => figures
+                .lost
+                .push(format!("{name} acknowledged with id {id}, the image has {held}")),
+            (Outcome::Acked(id), None) => figures
+                .lost
+                .push(format!("{name} acknowledged with id {id}, not in the image")),
             (Outcome::Refused(code), Some(_)) => figures.unsent.push(format!("{name} refused ({code}) but exists")),
             _ => {}
         }
@@ -613,18 +677,24 @@ fn check_linearizable(
                 }
                 let below = final_writes.partition_point(|(offset, _)| offset < hw);
                 if latest_start[below].is_some_and(|start| start > read.completed) {
-                    figures.future.push(format!("a read of the log end {hw} saw a write begun after it ended"));
+                    figures
+                        .future
+                        .push(format!("a read of the log end {hw} saw a write begun after it ended"));
                 }
             }
             Seen::Topics(topics) => {
                 for (_, name) in &by_answer[..before] {
                     if !topics.contains(*name) {
-                        figures.stale.push(format!("a read missed topic {name}, acknowledged before it began"));
+                        figures
+                            .stale
+                            .push(format!("a read missed topic {name}, acknowledged before it began"));
                     }
                 }
                 for name in topics {
                     if timings.get(name).is_some_and(|(invoked, _)| *invoked > read.completed) {
-                        figures.future.push(format!("a read saw topic {name}, created after it ended"));
+                        figures
+                            .future
+                            .push(format!("a read saw topic {name}, created after it ended"));
                     }
                 }
             }
@@ -643,7 +713,9 @@ fn check_linearizable(
     for (offset, value) in final_writes.iter().filter(|(offset, _)| *offset >= 0) {
         if let (true, Some((invoked, answered))) = (acked(value), timings.get(value)) {
             if latest.is_some_and(|l| *answered < l) {
-                figures.reordered.push(format!("{value} at {offset} was acknowledged before a write below it began"));
+                figures.reordered.push(format!(
+                    "{value} at {offset} was acknowledged before a write below it began"
+                ));
             }
             latest = latest.max(Some(*invoked));
         } else if let Some((invoked, _)) = timings.get(value) {
@@ -729,7 +801,11 @@ fn run(run: Run) -> Figures {
             cluster.logs()
         );
     }
-    assert!(figures.reads > 0, "no linearizable read was answered: {}", figures.line(&run));
+    assert!(
+        figures.reads > 0,
+        "no linearizable read was answered: {}",
+        figures.line(&run)
+    );
     assert!(figures.acked > 0, "nothing was acknowledged: {}", figures.line(&run));
     figures
 }
@@ -810,8 +886,18 @@ fn the_checks_count_lost_duplicated_and_unsent_writes() {
     let mut figures = Figures::default();
     check_log(&log, &history, &mut figures);
     assert_eq!(figures.lost.len(), 1, "w0-2: {:?}", figures.lost);
-    assert_eq!(figures.duplicated.len(), 1, "w0-1 (a retried marker is not): {:?}", figures.duplicated);
-    assert_eq!(figures.unsent.len(), 2, "w0-3 refused, stranger never sent: {:?}", figures.unsent);
+    assert_eq!(
+        figures.duplicated.len(),
+        1,
+        "w0-1 (a retried marker is not): {:?}",
+        figures.duplicated
+    );
+    assert_eq!(
+        figures.unsent.len(),
+        2,
+        "w0-3 refused, stranger never sent: {:?}",
+        figures.unsent
+    );
 }
 
 /// The linearizability checks: a read that misses an earlier acknowledged
@@ -823,8 +909,12 @@ fn the_linearizability_checks_count_each_kind_of_violation() {
     let at = |ms: u64| t0 + Duration::from_millis(ms);
     // w-d [40, 50] is ordered first (offset 0), before w-a [0, 10],
     // w-b [20, 30] and w-c [5, 15], each acknowledged before w-d began.
-    let final_writes: Vec<(i64, String)> =
-        vec![(0, "w-d".into()), (1, "w-a".into()), (2, "w-b".into()), (3, "w-c".into())];
+    let final_writes: Vec<(i64, String)> = vec![
+        (0, "w-d".into()),
+        (1, "w-a".into()),
+        (2, "w-b".into()),
+        (3, "w-c".into()),
+    ];
     let history: BTreeMap<String, Outcome> = ["w-a", "w-b", "w-c", "w-d"]
         .into_iter()
         .map(|v| (v.to_string(), Outcome::Acked(String::new())))
@@ -853,5 +943,10 @@ fn the_linearizability_checks_count_each_kind_of_violation() {
     assert_eq!(figures.stale.len(), 2, "{:?}", figures.stale);
     assert_eq!(figures.future.len(), 1, "{:?}", figures.future);
     assert_eq!(figures.regressed.len(), 1, "{:?}", figures.regressed);
-    assert_eq!(figures.reordered.len(), 3, "w-a, w-b, w-c after w-d: {:?}", figures.reordered);
+    assert_eq!(
+        figures.reordered.len(),
+        3,
+        "w-a, w-b, w-c after w-d: {:?}",
+        figures.reordered
+    );
 }

@@ -948,8 +948,31 @@ fn a_data_dir_from_another_cluster_is_refused() {
 /// record is still readable on it from offset 0.
 #[test]
 fn a_node_restarted_behind_the_log_start_catches_up_through_a_snapshot() {
+    restart_behind_the_log_start(false);
+}
+
+/// The same on a full disk: the follower cannot receive the snapshot, says
+/// so and fetches it again; once space returns it installs it and catches
+/// up, with the same log as the leader.
+#[test]
+fn a_snapshot_install_on_a_full_disk_is_retried_until_space_returns() {
+    if !Tmpfs::can_mount() {
+        return;
+    }
+    restart_behind_the_log_start(true);
+}
+
+/// A follower stopped while the leader moves its log start past the
+/// follower's log end, then started again (with `full_disk`, on a tmpfs
+/// filled to within 1 MiB, less than the snapshot).
+fn restart_behind_the_log_start(full_disk: bool) {
+    let tmpfs: Vec<Tmpfs> = if full_disk {
+        (0..3).map(|_| Tmpfs::mount("64m")).collect()
+    } else {
+        Vec::new()
+    };
     let mut cluster = Cluster::start(3);
-    for node in &mut cluster.nodes {
+    for (i, node) in cluster.nodes.iter_mut().enumerate() {
         // Restarted below: compaction as soon as the cleaner runs.
         node.extra_args = vec![
             "--set".into(),
@@ -958,6 +981,9 @@ fn a_node_restarted_behind_the_log_start_catches_up_through_a_snapshot() {
             "log.cleaner_interval_ms=100".into(),
         ];
         node.kill9();
+        if let Some(tmpfs) = tmpfs.get(i) {
+            node.data_dir = tmpfs.dir.path().join(format!("node-{}", node.id));
+        }
         node.start();
     }
     let (leader, _) = cluster.wait_for_leader(0);
@@ -970,6 +996,19 @@ fn a_node_restarted_behind_the_log_start_catches_up_through_a_snapshot() {
     cluster.node(follower).kill9();
     for i in 0..200 {
         append(&client, leader_http, &format!("while down {i}")).expect("acknowledged");
+    }
+    if full_disk {
+        // 4 MB of records: a snapshot larger than the space left below.
+        let value = "y".repeat(1000);
+        for i in 0..40 {
+            let records: Vec<String> = (0..100).map(|j| format!("{i}-{j}-{value}")).collect();
+            let response = client
+                .post(format!("http://127.0.0.1:{leader_http}/v1/append"))
+                .json(&json!({ "records": records }))
+                .send()
+                .unwrap();
+            assert!(response.status().is_success(), "{:?}", response.text());
+        }
     }
     let output = Command::new(env!("CARGO_BIN_EXE_kraft"))
         .arg("snapshot")
@@ -995,7 +1034,27 @@ fn a_node_restarted_behind_the_log_start_catches_up_through_a_snapshot() {
     });
     let last = append(&client, leader_http, "after the snapshot").expect("acknowledged");
 
+    let filler = tmpfs.get(follower as usize - 1).map(|tmpfs| {
+        let filler = tmpfs.fill();
+        let file = std::fs::OpenOptions::new().write(true).open(&filler).unwrap();
+        let size = file.metadata().unwrap().len();
+        file.set_len(size.saturating_sub(1 << 20)).unwrap();
+        filler
+    });
     cluster.node(follower).start();
+    if let Some(filler) = filler {
+        let refused = cluster
+            .node_ref(follower)
+            .wait_log_line(|l| l.contains("No space left on device"))
+            .unwrap_or_else(|| cluster.fail("the follower never ran out of space"));
+        println!("{refused}");
+        assert!(
+            exit_status(cluster.node(follower)).is_none(),
+            "a snapshot that does not fit stops nothing"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        std::fs::remove_file(filler).unwrap();
+    }
     wait_until("the follower to install the snapshot and catch up", &cluster, || {
         cluster
             .node_ref(follower)
@@ -1193,6 +1252,175 @@ fn a_failed_fdatasync_acknowledges_nothing_and_stops_the_node() {
     cluster.wait_for_leader(epoch);
     let log = recommitted_log(&cluster, &acked);
     assert_log_holds(&log, &acked, "acknowledged append");
+}
+
+/// A tmpfs of `size` mounted on a new directory, unmounted when dropped:
+/// a disk that really fills up. Mounting needs root (CI runs as root);
+/// without it the tests that need one say so and skip.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn can_mount() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if !root {
+            eprintln!("skipped: this test mounts a small tmpfs, which needs root");
+        }
+        root
+    }
+
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "kraft-test"])
+            .arg(dir.path())
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "this test mounts a small tmpfs, which needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { dir }
+    }
+
+    /// Fills what is left of the file system with one file; returns it.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.dir.path().join("filler");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0x5a; 64 * 1024];
+        loop {
+            match file.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling the tmpfs: {e}"),
+            }
+        }
+        // Also what a smaller write could still take.
+        while file.write(&[0x5a; 512]).is_ok_and(|n| n > 0) {}
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+fn post_snapshot(client: &reqwest::blocking::Client, node: &Node) -> (u16, String) {
+    match client.post(node.url("/v1/snapshot")).send() {
+        Ok(response) => (response.status().as_u16(), response.text().unwrap_or_default()),
+        Err(e) => (0, format!("request failed: {e}")),
+    }
+}
+
+/// A full disk (a tmpfs filled by another file): a snapshot cannot be
+/// written and the node says so and goes on; an append cannot be made
+/// durable, so it is not acknowledged and the node stops loudly. Once
+/// space returns the node starts again with every append it acknowledged,
+/// takes new ones and writes its snapshot.
+#[test]
+fn a_full_disk_acknowledges_nothing_more_loses_nothing_and_recovers_once_space_returns() {
+    if !Tmpfs::can_mount() {
+        return;
+    }
+    let tmpfs = Tmpfs::mount("64m");
+    let mut cluster = Cluster::start(1);
+    cluster.nodes[0].kill9();
+    cluster.nodes[0].data_dir = tmpfs.dir.path().join("node-1");
+    cluster.nodes[0].extra_args = ["--set", "metadata.max_idle_interval_ms=3600000"]
+        .map(String::from)
+        .to_vec();
+    cluster.nodes[0].start();
+    let (_, epoch) = cluster.wait_for_leader(0);
+    let client = http();
+    let port = cluster.nodes[0].http_port;
+    let mut acked = BTreeMap::new();
+    let value = "x".repeat(1000);
+    for i in 0..300 {
+        let value = format!("{i}-{value}");
+        let offset = append(&client, port, &value).unwrap_or_else(|| cluster.fail("append failed"));
+        acked.insert(offset, value);
+    }
+
+    let filler = tmpfs.fill();
+    let (status, body) = post_snapshot(&client, &cluster.nodes[0]);
+    assert_ne!(status, 200, "a snapshot on a full disk: {body}");
+    assert!(body.contains("No space left on device"), "{status} {body}");
+    assert!(
+        cluster.nodes[0].child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "a failed snapshot stops nothing:\n{}",
+        cluster.nodes[0].log_tail()
+    );
+    assert_log_holds(&read_log(&cluster.nodes[0]).1, &acked, "read on a full disk");
+
+    // What still fits in space sled's file already holds is durable and
+    // acknowledged; the first append that needs more is refused.
+    let mut refused = None;
+    for i in 0..20_000 {
+        let value = format!("full-{i}-{value}");
+        match append_raw(&client, port, &value) {
+            (200, body) => {
+                let answer: Value = serde_json::from_str(&body).unwrap();
+                acked.insert(answer["base_offset"].as_i64().unwrap(), value);
+            }
+            (status, body) => {
+                refused = Some((status, body, value));
+                break;
+            }
+        }
+    }
+    let (status, body, refused) = refused.unwrap_or_else(|| cluster.fail("20,000 appends of 1 KB fit on a full disk"));
+    assert!(status == 500 || status == 503 || status == 0, "{status} {body}");
+    println!(
+        "{} appends acknowledged, the last {} on the full disk; then {status} {body}",
+        acked.len(),
+        acked.len() - 300
+    );
+    let exit = cluster.nodes[0].wait_exit();
+    assert!(
+        exit.is_some_and(|status| !status.success()),
+        "the node goes on after a failed write ({exit:?}):\n{}",
+        cluster.nodes[0].log_tail()
+    );
+    assert!(
+        cluster.nodes[0]
+            .wait_log_line(|l| l.contains("FATAL") && l.contains("No space left on device"))
+            .inspect(|line| println!("{line}"))
+            .is_some(),
+        "{}",
+        cluster.nodes[0].log_tail()
+    );
+
+    std::fs::remove_file(filler).unwrap();
+    cluster.nodes[0].start();
+    cluster.wait_for_leader(epoch);
+    let log = recommitted_log(&cluster, &acked);
+    assert_log_holds(&log, &acked, "acknowledged append");
+    let unacknowledged: Vec<_> = log
+        .iter()
+        .filter(|(offset, (kind, _))| kind == "data" && !acked.contains_key(offset))
+        .map(|(_, (_, value))| value.clone().unwrap_or_default())
+        .collect();
+    assert!(
+        unacknowledged.is_empty() || unacknowledged == [refused],
+        "only the refused append may be there besides the acknowledged ones: {} others",
+        unacknowledged.len()
+    );
+    for i in 0..10 {
+        let value = format!("after-{i}");
+        let offset = append(&client, port, &value).unwrap_or_else(|| cluster.fail("append after recovery"));
+        acked.insert(offset, value);
+    }
+    let (status, body) = post_snapshot(&client, &cluster.nodes[0]);
+    assert_eq!(status, 200, "{body}");
+    assert_log_holds(&read_log(&cluster.nodes[0]).1, &acked, "acknowledged append");
+    cluster.nodes[0].kill9();
 }
 
 // ---------------------------------------------------------------------

@@ -1714,6 +1714,93 @@ fn sled_the_checkpoint_file_is_checked_and_void_in_a_reformatted_dir() {
 }
 
 #[test]
+fn sled_a_missing_checkpoint_file_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = write_sample_log(dir.path());
+    with_raw_sled(dir.path(), |_| {});
+    let path = dir.path().join(CHECKPOINT_FILE);
+    std::fs::remove_file(&path).unwrap();
+    let message = expect_damaged(SledStore::open(dir.path(), CLUSTER, NODE));
+    assert!(message.contains(&path.display().to_string()), "{message}");
+    assert!(message.contains("is missing"), "{message}");
+    // A directory of format 2 never had one: it opens, gets its checkpoint
+    // and is format 3 from then on.
+    let identity = dir.path().join(IDENTITY_FILE);
+    let text = std::fs::read_to_string(&identity).unwrap();
+    std::fs::write(
+        &identity,
+        text.replace(&format!("format.version={FORMAT_VERSION}"), "format.version=2"),
+    )
+    .unwrap();
+    let store = SledStore::open(dir.path(), CLUSTER, NODE).expect("a format 2 directory opens");
+    assert_eq!(store.end_offset(), written.last().unwrap().next_offset());
+    drop(store);
+    assert!(path.exists(), "the checkpoint is written at open");
+    let text = std::fs::read_to_string(&identity).unwrap();
+    assert!(text.contains(&format!("format.version={FORMAT_VERSION}")), "{text}");
+}
+
+/// A data file cut short anywhere (a disk that lost its tail, a bad copy):
+/// the open either refuses, saying which directory, or keeps every
+/// committed batch and the election state. Never a panic.
+#[test]
+fn sled_a_truncated_data_file_is_refused_or_loses_nothing_committed() {
+    let source = tempfile::tempdir().unwrap();
+    let state = ElectionState {
+        epoch: 2,
+        voted_for: Some(NODE),
+        leader_id: Some(NODE),
+    };
+    let written = {
+        let mut store = SledStore::open(source.path(), CLUSTER, NODE).unwrap();
+        store.write_election_state(&state).unwrap();
+        for i in 0..40 {
+            store.append(&data_batch(i * 2, 2, 2, 300)).unwrap();
+        }
+        store.set_high_watermark_hint(80);
+        store.flush().unwrap();
+        store.read(0, 80, usize::MAX).unwrap()
+    };
+    with_raw_sled(source.path(), |_| {});
+    // sled's file is preallocated by segments: cut inside what it wrote.
+    let bytes = std::fs::read(sled_dir(source.path()).join("db")).unwrap();
+    let length = bytes.iter().rposition(|b| *b != 0).unwrap() as u64 + 1;
+    let (mut refused, mut opened) = (0, 0);
+    for cut in (0..16).map(|i| length * i / 16).chain([length - 1, length / 2 + 7]) {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(source.path(), dir.path());
+        let db = std::fs::OpenOptions::new()
+            .write(true)
+            .open(sled_dir(dir.path()).join("db"))
+            .unwrap();
+        db.set_len(cut).unwrap();
+        drop(db);
+        match std::panic::catch_unwind(|| SledStore::open(dir.path(), CLUSTER, NODE)) {
+            Err(_) => panic!("the open panicked on a data file cut at {cut} of {length} bytes"),
+            Ok(Err(error)) => {
+                let message = error.to_string();
+                assert!(
+                    message.contains(&dir.path().display().to_string()) || message.contains("offset"),
+                    "cut at {cut}: the error names no file: {message}"
+                );
+                refused += 1;
+            }
+            Ok(Ok(store)) => {
+                assert_eq!(store.election_state().unwrap(), state, "cut at {cut}");
+                assert_eq!(
+                    store.read(0, 80, usize::MAX).unwrap(),
+                    written,
+                    "cut at {cut}: committed batches"
+                );
+                opened += 1;
+            }
+        }
+    }
+    println!("cut the {length} bytes sled wrote 18 ways: {refused} refused, {opened} opened whole");
+    assert!(refused > 0, "some cut must lose committed data and be refused");
+}
+
+#[test]
 fn sled_a_damaged_settings_file_is_a_clear_error() {
     // A crash inside sled's first write of `conf`, before vendor/sled
     // wrote it through a temporary file, left it cut short like this.

@@ -43,10 +43,10 @@ use tracing::{info, warn};
 
 use crate::actors::quorum_state::{Propose, QuorumState};
 use crate::messages::actor::{ControllerInbound, LeaderChanged};
-use crate::messages::RaftResponse;
 pub use crate::messages::controller::{
     decode_answer, encode_answer, encode_operation, HeartbeatAnswer, Operation, OperationAnswer, MAX_OPERATION_BYTES,
 };
+use crate::messages::RaftResponse;
 use crate::metadata::controller::{self as ops, ControllerError, MAX_RECORDS_PER_OPERATION};
 use crate::metadata::heartbeats::Sessions;
 use crate::metadata::image::{MetadataDelta, MetadataImage};

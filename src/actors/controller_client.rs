@@ -14,9 +14,9 @@ use tokio::sync::oneshot;
 use crate::actors::controller::{decode_answer, encode_operation, Operation, OperationAnswer};
 use crate::messages::actor::{RequestOutcome, SendRequest, TransportError};
 use crate::messages::{RaftRequest, RaftResponse, ReadIndexResponse};
-use crate::types::{AppendError, Offset};
 use crate::metadata::controller::ControllerError;
 use crate::types::NodeId;
+use crate::types::{AppendError, Offset};
 
 /// Sends `operation` to voter `to`, taken for the active controller. The
 /// answer is the controller's; NOT_CONTROLLER when `to` is not it (any
@@ -120,9 +120,7 @@ fn read_index_of(msg: RequestOutcome) -> Result<Offset, AppendError> {
     match msg.result {
         Ok(RaftResponse::ReadIndex(ReadIndexResponse::Index(index))) => Ok(index),
         Ok(RaftResponse::ReadIndex(ReadIndexResponse::NotLeader { leader_id })) => Err(not_leader(leader_id)),
-        Ok(RaftResponse::ReadIndex(ReadIndexResponse::Unavailable { reason })) => {
-            Err(AppendError::Unavailable(reason))
-        }
+        Ok(RaftResponse::ReadIndex(ReadIndexResponse::Unavailable { reason })) => Err(AppendError::Unavailable(reason)),
         Ok(_) => Err(not_leader(None)),
         Err(e) => Err(AppendError::Unavailable(format!(
             "no read index from node {}: {e}",

@@ -56,10 +56,10 @@ use super::funnel::AppendFunnel;
 use super::local::{self, LocalServer};
 use super::NodeApi;
 use crate::actors::transport::{IDLE_TIMEOUT, WRITE_TIMEOUT};
-use crate::messages::controller::Operation;
 use crate::messages::client::{
     self, ClientError, ClientFrame, ClientRequest, ClientResponse, CLIENT_HEADER_BYTES, CLIENT_PROTOCOL_VERSION,
 };
+use crate::messages::controller::Operation;
 
 /// Most requests of one connection awaiting their answers.
 pub const MAX_IN_FLIGHT: usize = 64;

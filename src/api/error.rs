@@ -127,11 +127,13 @@ impl ResponseError for ApiError {
                 "leader_id": leader_id,
                 "leader_endpoint": leader_endpoint,
             }),
-            ApiError::Request(ClientError::Controller(ControllerError::NotController { leader_id, message })) => json!({
-                "error": self.code(),
-                "message": message,
-                "leader_id": leader_id,
-            }),
+            ApiError::Request(ClientError::Controller(ControllerError::NotController { leader_id, message })) => {
+                json!({
+                    "error": self.code(),
+                    "message": message,
+                    "leader_id": leader_id,
+                })
+            }
             ApiError::Request(ClientError::Controller(err)) => json!({
                 "error": self.code(),
                 "message": err.message(),

@@ -176,9 +176,18 @@ impl Batch {
     /// read.
     pub fn check_log_records(&self) -> Result<(), CodecError> {
         let records: Vec<RecordShape<'_>> = decode_borrowed(&self.payload, self.payload.len() as u64)?;
-        let invalid = |what: String| Err(CodecError::Invalid(format!("batch at offset {}: {what}", self.base_offset)));
+        let invalid = |what: String| {
+            Err(CodecError::Invalid(format!(
+                "batch at offset {}: {what}",
+                self.base_offset
+            )))
+        };
         if records.len() != self.record_count as usize {
-            return invalid(format!("says {} records but holds {}", self.record_count, records.len()));
+            return invalid(format!(
+                "says {} records but holds {}",
+                self.record_count,
+                records.len()
+            ));
         }
         for record in &records {
             if let RecordShape::SnapshotHeader { .. } | RecordShape::SnapshotFooter { .. } = record {
@@ -355,7 +364,11 @@ mod tests {
             granting_voters: vec![1, 2],
         };
         for records in [
-            vec![Record::Data(b"a".to_vec()), Record::Data(Vec::new()), Record::Data(vec![9; 300])],
+            vec![
+                Record::Data(b"a".to_vec()),
+                Record::Data(Vec::new()),
+                Record::Data(vec![9; 300]),
+            ],
             vec![leader_change],
             vec![Record::NoOp],
         ] {

@@ -3634,7 +3634,9 @@ fn a_fetched_batch_that_does_not_decode_is_never_written() {
     assert_eq!((node.log().end_offset(), node.high_watermark()), (0, 0));
     node.tick(1 + node.config().retry_backoff_ms.max(1));
     assert!(
-        sent(&node.take_actions()).iter().any(|(_, _, r)| matches!(r, RaftRequest::Fetch(f) if f.fetch_offset == 0)),
+        sent(&node.take_actions())
+            .iter()
+            .any(|(_, _, r)| matches!(r, RaftRequest::Fetch(f) if f.fetch_offset == 0)),
         "fetches the same offset again"
     );
 }

@@ -223,11 +223,18 @@ pub struct Identity {
 }
 
 /// The data directory's layout, in `meta.properties` and in sled's meta
-/// tree. 2: batches above 4 KiB are a head value plus chunks. A directory
-/// of version 1 (one value per batch; still read as such) is upgraded at
-/// open, so that a build that knows only version 1 refuses it afterwards
-/// instead of reading chunked batches as a damaged tail.
-pub const FORMAT_VERSION: u32 = 2;
+/// tree. 2: batches above 4 KiB are a head value plus chunks. 3: the
+/// checkpoint file (`quorum.checkpoint`) is written at every open before
+/// `meta.properties`, so a directory of version 3 without one has lost it
+/// and is refused. A directory of an older version (one value per batch,
+/// no checkpoint yet: still read as such) is upgraded at open, so that a
+/// build that knows only the older version refuses it afterwards instead
+/// of reading chunked batches as a damaged tail.
+pub const FORMAT_VERSION: u32 = 3;
+
+/// The first format version whose directories always hold a checkpoint
+/// file beside `meta.properties`.
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 3;
 
 /// The oldest layout this build reads (and upgrades at open).
 pub const OLDEST_FORMAT_VERSION: u32 = 1;

@@ -121,7 +121,7 @@ use std::time::{Duration, Instant};
 use super::memory::{below_start_epoch, check_reset};
 use super::{
     check_append, check_election_transition, EpochCache, Identity, LogStore, ReadBudget, Result, StorageError,
-    FORMAT_VERSION, MAX_STORED_BATCH_BYTES, OLDEST_FORMAT_VERSION,
+    CHECKPOINT_FORMAT_VERSION, FORMAT_VERSION, MAX_STORED_BATCH_BYTES, OLDEST_FORMAT_VERSION,
 };
 use crate::messages::codec::{decode_bounded, encode};
 use crate::messages::Batch;
@@ -333,6 +333,21 @@ impl SledStore {
         } else {
             read_checkpoint_file(dir)?
         };
+        let checkpoint_written = identity_file
+            .as_ref()
+            .is_some_and(|found| found.format_version >= CHECKPOINT_FORMAT_VERSION);
+        if checkpoint.is_none() && checkpoint_written {
+            // Without it nothing tells a sled database that went back from
+            // a sound one: refuse rather than vote or serve from it.
+            return Err(damaged_file(
+                &dir.join(CHECKPOINT_FILE),
+                &format!(
+                    "is missing, but {} says this data dir was in use with one; restore it, \
+                     or delete {IDENTITY_FILE} only to reformat this node on purpose",
+                    dir.join(IDENTITY_FILE).display()
+                ),
+            ));
+        }
         if let Some(checkpoint) = &checkpoint {
             check_against_checkpoint(dir, checkpoint, &election, recovered.end_offset)?;
         }
@@ -409,18 +424,20 @@ impl SledStore {
         // reports its log end to anyone, since it treats its recovered log as
         // durable.
         store.make_durable()?;
-        // Only now that sled's identity is durable: a crash before this
-        // line leaves a directory without the file, which the next open
-        // completes, never a file beside an empty database.
-        if identity_file.is_none_or(|found| found.format_version != FORMAT_VERSION) {
-            write_identity_file(dir, &expected)?;
-        }
         if store.high_watermark_hint != store.persisted_hw_hint {
             // The checkpoint's hint was ahead of sled's: sled holds it again
             // before anything else is written.
             store.flush()?;
         }
         store.write_checkpoint()?;
+        // Only now that sled's identity and the checkpoint are durable: a
+        // crash before this line leaves a directory without the file (or
+        // with an older version), which the next open completes, never a
+        // file beside an empty database or a format 3 file without a
+        // checkpoint.
+        if identity_file.is_none_or(|found| found.format_version != FORMAT_VERSION) {
+            write_identity_file(dir, &expected)?;
+        }
         Ok(store)
     }
 
@@ -1449,6 +1466,11 @@ fn chunked_batch(base_offset: Offset, encoded: &[u8]) -> sled::Batch {
         writes.insert(&chunk_key(base_offset, index)[..], chunk);
     }
     writes
+}
+
+/// [`decode_batch`], for the fuzz targets (`crate::fuzzing`).
+pub(crate) fn decode_log_value(key: &[u8], value: &[u8]) -> std::result::Result<Batch, String> {
+    decode_batch(key, value)
 }
 
 /// Decodes and checks one log value; the error says what is wrong with it.

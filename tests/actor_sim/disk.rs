@@ -72,7 +72,12 @@ impl Disk {
 
     /// The election state a crash now would leave.
     pub fn durable_election(&self) -> ElectionState {
-        self.0.lock().unwrap().store.election_state().expect("an in-memory read")
+        self.0
+            .lock()
+            .unwrap()
+            .store
+            .election_state()
+            .expect("an in-memory read")
     }
 
     /// A failing device: every later flush fails, and makes nothing durable.

@@ -113,7 +113,9 @@ impl Net {
     fn check_request(&self, from: NodeId, request: &RaftRequest) {
         let RaftRequest::Fetch(fetch) = request else { return };
         let mut state = self.0.borrow_mut();
-        let Some(durable) = state.disks.get(&from).map(Disk::durable_end) else { return };
+        let Some(durable) = state.disks.get(&from).map(Disk::durable_end) else {
+            return;
+        };
         if fetch.fetch_offset > durable {
             let what = format!(
                 "node {from} fetched from offset {} while its log was durable only below {durable}",
@@ -125,12 +127,16 @@ impl Net {
 
     /// A vote granted must be durable when the answer leaves its voter.
     fn check_response(&self, voter: NodeId, request: &RaftRequest, response: &RaftResponse) {
-        let (RaftRequest::Vote(vote), RaftResponse::Vote(answer)) = (request, response) else { return };
+        let (RaftRequest::Vote(vote), RaftResponse::Vote(answer)) = (request, response) else {
+            return;
+        };
         if !answer.vote_granted || answer.pre_vote {
             return;
         }
         let mut state = self.0.borrow_mut();
-        let Some(durable) = state.disks.get(&voter).map(Disk::durable_election) else { return };
+        let Some(durable) = state.disks.get(&voter).map(Disk::durable_election) else {
+            return;
+        };
         if durable.epoch != answer.epoch || durable.voted_for != Some(vote.candidate_id) {
             let what = format!(
                 "node {voter} granted its vote to {} in epoch {} while its durable election state was {durable:?}",

@@ -235,7 +235,9 @@ impl Cluster {
     pub fn leader(&self, client: &reqwest::blocking::Client) -> Option<(i32, i64)> {
         let mut best: Option<(i32, i64)> = None;
         for node in &self.nodes {
-            let Some(q) = node.get(client, "/v1/quorum") else { continue };
+            let Some(q) = node.get(client, "/v1/quorum") else {
+                continue;
+            };
             if q["role"] == "leader" {
                 let epoch = q["leader_epoch"].as_i64().unwrap_or(-1);
                 if best.is_none_or(|(_, e)| epoch > e) {

@@ -43,8 +43,9 @@ impl ReadIndexes {
         for (_, _, reply) in passed {
             reply(Ok(hw));
         }
-        let (reached, waiting): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.waiters).into_iter().partition(|(index, _)| hw >= *index);
+        let (reached, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition(|(index, _)| hw >= *index);
         self.waiters = waiting;
         for (_, reply) in reached {
             let _ = reply.send(Ok(hw));
