@@ -123,6 +123,56 @@ async fn open(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
+/// [`open`], then, with a token, the connection's `Authenticate`
+/// (correlation id 0: the first frame of a new connection).
+async fn open_as(addr: SocketAddr, timeout: Duration, token: Option<&str>) -> Result<TcpStream, Error> {
+    let mut stream = open(addr, timeout)
+        .await
+        .map_err(|source| Error::NotSent { addr, source })?;
+    let Some(token) = token else {
+        return Ok(stream);
+    };
+    let request = ClientFrame {
+        version: CLIENT_PROTOCOL_VERSION,
+        correlation_id: 0,
+        body: ClientRequest::Authenticate {
+            token: token.to_string(),
+        },
+    };
+    let mut frame = Vec::new();
+    client::encode_frame_into(&request, &mut frame).map_err(|err| Error::NotSent {
+        addr,
+        source: io::Error::new(io::ErrorKind::InvalidInput, err),
+    })?;
+    stream
+        .write_all(&frame)
+        .await
+        .map_err(|source| Error::NotSent { addr, source })?;
+    let answer = match read_frame(&mut stream, MAX_ANSWER_BYTES).await {
+        Ok(Some(answer)) => answer,
+        Ok(None) => {
+            return Err(Error::NoAnswer {
+                addr,
+                reason: "the node closed the connection".to_owned(),
+            })
+        }
+        Err(err) => {
+            return Err(Error::NoAnswer {
+                addr,
+                reason: err.to_string(),
+            })
+        }
+    };
+    match answer_to(&answer, 0).map_err(|reason| Error::Protocol { addr, reason })? {
+        ClientResponse::Authenticated(_) => Ok(stream),
+        ClientResponse::Error(refusal) => Err(Error::Node(refusal)),
+        other => Err(Error::Protocol {
+            addr,
+            reason: format!("an answer of the wrong kind to Authenticate: {}", other.kind()),
+        }),
+    }
+}
+
 /// The answer that `frame` (without its length prefix) carries for the
 /// request `correlation_id`, or why it is not one.
 fn answer_to(frame: &[u8], correlation_id: u64) -> Result<ClientResponse, String> {
@@ -152,23 +202,35 @@ pub struct Client {
     answered_at: Instant,
     next_correlation_id: u64,
     frame: Vec<u8>,
+    /// Sent as `Authenticate` on every connection this client opens.
+    token: Option<String>,
 }
 
 impl Client {
     /// Connects to the client listener at `addr` (the first address it
     /// resolves to).
     pub async fn connect<A: ToSocketAddrs>(addr: A) -> Result<Client, Error> {
+        Client::connect_as(addr, None).await
+    }
+
+    /// [`Client::connect`] to a node with a tokens file: every connection
+    /// the client opens authenticates with `token` first. A token the node
+    /// does not list fails with [`ClientError::Unauthenticated`]; a read
+    /// token's writes fail with [`ClientError::Forbidden`].
+    pub async fn connect_with_token<A: ToSocketAddrs>(addr: A, token: impl Into<String>) -> Result<Client, Error> {
+        Client::connect_as(addr, Some(token.into())).await
+    }
+
+    async fn connect_as<A: ToSocketAddrs>(addr: A, token: Option<String>) -> Result<Client, Error> {
         let addr = resolve(addr).await?;
         Ok(Client {
             addr,
-            stream: Some(BufReader::new(
-                open(addr, CONNECT_TIMEOUT)
-                    .await
-                    .map_err(|source| Error::NotSent { addr, source })?,
-            )),
+            stream: Some(BufReader::new(open_as(addr, CONNECT_TIMEOUT, token.as_deref()).await?)),
             answered_at: Instant::now(),
+            // 0 is the connection's Authenticate.
             next_correlation_id: 0,
             frame: Vec::new(),
+            token,
         })
     }
 
@@ -245,14 +307,7 @@ impl Client {
             {
                 stream
             }
-            _ => BufReader::new(
-                open(self.addr, CONNECT_TIMEOUT)
-                    .await
-                    .map_err(|source| Error::NotSent {
-                        addr: self.addr,
-                        source,
-                    })?,
-            ),
+            _ => BufReader::new(open_as(self.addr, CONNECT_TIMEOUT, self.token.as_deref()).await?),
         };
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
         let correlation_id = self.next_correlation_id;
@@ -428,10 +483,27 @@ impl Producer {
 
     /// [`Producer::connect`] with other timeouts.
     pub async fn connect_with<A: ToSocketAddrs>(addr: A, options: ProducerOptions) -> Result<Producer, Error> {
+        Producer::connect_as(addr, options, None).await
+    }
+
+    /// [`Producer::connect_with`] to a node with a tokens file: every
+    /// connection authenticates with `token` first (as
+    /// [`Client::connect_with_token`]).
+    pub async fn connect_with_token<A: ToSocketAddrs>(
+        addr: A,
+        options: ProducerOptions,
+        token: impl Into<String>,
+    ) -> Result<Producer, Error> {
+        Producer::connect_as(addr, options, Some(token.into())).await
+    }
+
+    async fn connect_as<A: ToSocketAddrs>(
+        addr: A,
+        options: ProducerOptions,
+        token: Option<String>,
+    ) -> Result<Producer, Error> {
         let addr = resolve(addr).await?;
-        let stream = open(addr, options.connect_timeout)
-            .await
-            .map_err(|source| Error::NotSent { addr, source })?;
+        let stream = open_as(addr, options.connect_timeout, token.as_deref()).await?;
         let (jobs, queue) = mpsc::channel(PRODUCER_QUEUE);
         let mut pipeline = Pipeline {
             addr,
@@ -441,6 +513,7 @@ impl Producer {
             max_batch_bytes: options.max_batch_bytes,
             taken: 0,
             connection: Some(PipelinedConnection::new(stream)),
+            token,
         };
         tokio::spawn(async move { pipeline.run().await });
         Ok(Producer { addr, jobs })
@@ -493,6 +566,8 @@ struct Pipeline {
     taken: u64,
     /// `None` from a failure until an append needs a connection again.
     connection: Option<PipelinedConnection>,
+    /// Sent as `Authenticate` on every connection.
+    token: Option<String>,
 }
 
 impl Pipeline {
@@ -512,7 +587,7 @@ impl Pipeline {
                 let Some(job) = next_job(&mut self.front, &mut self.queue, &mut self.taken).await else {
                     return;
                 };
-                match open(self.addr, self.options.connect_timeout).await {
+                match open_as(self.addr, self.options.connect_timeout, self.token.as_deref()).await {
                     Ok(stream) => {
                         // The appends queued meanwhile join it in the
                         // next turn.
@@ -522,9 +597,17 @@ impl Pipeline {
                     Err(err) => {
                         // The appends queued meanwhile would each wait for
                         // an attempt of their own.
-                        let not_sent = || Error::NotSent {
-                            addr: self.addr,
-                            source: io::Error::new(err.kind(), err.to_string()),
+                        let addr = self.addr;
+                        let not_sent = || match &err {
+                            Error::Node(refusal) => Error::Node(refusal.clone()),
+                            Error::NotSent { source, .. } => Error::NotSent {
+                                addr,
+                                source: io::Error::new(source.kind(), source.to_string()),
+                            },
+                            other => Error::NotSent {
+                                addr,
+                                source: io::Error::other(other.to_string()),
+                            },
                         };
                         let _ = job.answer.send(Err(not_sent()));
                         for job in self.front.drain(..) {

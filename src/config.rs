@@ -41,6 +41,7 @@ pub const MAX_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 /// Longest `node.cluster_id`.
 pub const MAX_CLUSTER_ID_LEN: usize = 255;
 
+const TOKENS_FILE_EXPECTED: &str = "a path to a tokens file, or \"\" for none";
 const SOCKET_ADDR_EXPECTED: &str = "a socket address ip:port, e.g. \"127.0.0.1:9093\"";
 
 /// Most `listeners.http_workers`.
@@ -139,6 +140,7 @@ pub struct Config {
     pub broker: BrokerConfig,
     pub log: LogConfig,
     pub snapshot: SnapshotConfig,
+    pub security: SecurityConfig,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -262,6 +264,15 @@ pub struct SnapshotConfig {
     pub max_interval_ms: u64,
 }
 
+/// `[security]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SecurityConfig {
+    /// The bearer tokens of the HTTP API and the client protocol
+    /// (`crate::api::auth`); `None` (the default, an empty string in the
+    /// file): no token is asked for.
+    pub tokens_file: Option<PathBuf>,
+}
+
 impl Default for Config {
     /// The single-node default of the README's "Configuration" (the repository's `config.toml`).
     fn default() -> Self {
@@ -316,6 +327,7 @@ impl Default for Config {
                 max_bytes_between: SNAPSHOT_MAX_BYTES_BETWEEN,
                 max_interval_ms: SNAPSHOT_MAX_INTERVAL_MS,
             },
+            security: SecurityConfig::default(),
         }
     }
 }
@@ -492,6 +504,7 @@ struct RawConfig {
     broker: Option<Value>,
     log: Option<Value>,
     snapshot: Option<Value>,
+    security: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -557,6 +570,12 @@ struct RawSnapshot {
     max_interval_ms: Option<Value>,
 }
 
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawSecurity {
+    tokens_file: Option<Value>,
+}
+
 /// The raw tables, each checked for unknown keys.
 struct RawTables {
     node: RawNode,
@@ -566,6 +585,7 @@ struct RawTables {
     broker: RawBroker,
     log: RawLog,
     snapshot: RawSnapshot,
+    security: RawSecurity,
 }
 
 impl RawConfig {
@@ -587,6 +607,7 @@ impl RawConfig {
             broker: table(origin, "broker", raw.broker)?,
             log: table(origin, "log", raw.log)?,
             snapshot: table(origin, "snapshot", raw.snapshot)?,
+            security: table(origin, "security", raw.security)?,
         })
     }
 }
@@ -1196,6 +1217,15 @@ impl Ctx<'_> {
             broker,
             log,
             snapshot,
+            security: SecurityConfig {
+                tokens_file: match raw.security.tokens_file {
+                    None => None,
+                    Some(v) => {
+                        let s = self.string("security.tokens_file", &v, TOKENS_FILE_EXPECTED)?;
+                        (!s.trim().is_empty()).then(|| PathBuf::from(s))
+                    }
+                },
+            },
         })
     }
 

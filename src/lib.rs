@@ -5,6 +5,8 @@ pub mod api;
 mod broker;
 pub mod client;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod messages;
 pub mod metadata;
 pub mod node;

@@ -13,6 +13,7 @@ use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_rt::task::JoinHandle;
@@ -21,7 +22,7 @@ use clap::{Parser, Subcommand};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
-use kraft::api::{ClientLimits, LocalHttpServer};
+use kraft::api::{ClientLimits, LocalHttpServer, Tokens};
 use kraft::config::Config;
 use kraft::node::{self, NodeHandle};
 
@@ -71,12 +72,25 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let tokens = match &config.security.tokens_file {
+        None => None,
+        Some(path) => match Tokens::load(path) {
+            Ok(tokens) => Some(Arc::new(tokens)),
+            Err(err) => {
+                eprintln!("kraft: bad tokens file (security.tokens_file): {err}");
+                return ExitCode::from(2);
+            }
+        },
+    };
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => {
-            let code = actix_rt::System::new().block_on(run(config));
+            let code = actix_rt::System::new().block_on(run(config, tokens));
             ExitCode::from(code)
         }
-        Command::Snapshot => match request_snapshot(config.listeners.http) {
+        Command::Snapshot => match request_snapshot(
+            config.listeners.http,
+            tokens.as_ref().and_then(|tokens| tokens.admin_token()),
+        ) {
             Ok(body) => {
                 println!("{body}");
                 ExitCode::SUCCESS
@@ -89,9 +103,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// `POST /v1/snapshot` to a running node over plain HTTP/1.1; the body on
-/// a 200, else an error with the status line and body.
-fn request_snapshot(http: std::net::SocketAddr) -> Result<String, String> {
+/// `POST /v1/snapshot` to a running node over plain HTTP/1.1 (with the
+/// first admin token of the node's tokens file, if it has one); the body
+/// on a 200, else an error with the status line and body.
+fn request_snapshot(http: std::net::SocketAddr, token: Option<String>) -> Result<String, String> {
     use std::io::{Read, Write};
     let mut addr = http;
     if addr.ip().is_unspecified() {
@@ -103,8 +118,11 @@ fn request_snapshot(http: std::net::SocketAddr) -> Result<String, String> {
     stream
         .set_read_timeout(Some(Duration::from_secs(600)))
         .map_err(|e| e.to_string())?;
-    let request =
-        format!("POST /v1/snapshot HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    let authorization = token.map(|token| format!("Authorization: Bearer {token}\r\n"));
+    let request = format!(
+        "POST /v1/snapshot HTTP/1.1\r\nHost: {addr}\r\n{}Content-Length: 0\r\nConnection: close\r\n\r\n",
+        authorization.unwrap_or_default()
+    );
     stream
         .write_all(request.as_bytes())
         .map_err(|e| format!("cannot send the request: {e}"))?;
@@ -133,7 +151,7 @@ fn init_logging() {
 }
 
 /// Runs the node and its HTTP API until a signal; returns the exit code.
-async fn run(config: Config) -> u8 {
+async fn run(config: Config, tokens: Option<Arc<Tokens>>) -> u8 {
     // Installed first so that a signal during start-up is a graceful
     // shutdown, not the default action (death).
     let (mut sigterm, mut sigint) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
@@ -154,7 +172,7 @@ async fn run(config: Config) -> u8 {
             return 1;
         }
     };
-    let mut api = match Api::bind(&handle, &config) {
+    let mut api = match Api::bind(&handle, &config, tokens.clone()) {
         Ok(api) => api,
         Err(err) => {
             eprintln!("kraft: node {node_id} cannot bind the http listener on {http_addr}: {err}");
@@ -172,7 +190,7 @@ async fn run(config: Config) -> u8 {
         None => None,
         Some(addr) => {
             let limits = ClientLimits::for_batch_bytes(config.log.max_batch_bytes);
-            match kraft::api::client_server_here(handle.clone(), addr, limits) {
+            match kraft::api::client_server_here(handle.clone(), addr, limits, tokens.clone()) {
                 Ok((server, bound)) => {
                     eprintln!("kraft node {node_id}: client protocol on {bound}");
                     Some(server)
@@ -232,15 +250,16 @@ enum Api {
 }
 
 impl Api {
-    fn bind(handle: &NodeHandle, config: &Config) -> std::io::Result<Api> {
+    fn bind(handle: &NodeHandle, config: &Config, tokens: Option<Arc<Tokens>>) -> std::io::Result<Api> {
         let (http, max_body_bytes) = (config.listeners.http, config.log.max_batch_bytes);
         Ok(match config.listeners.http_workers {
             0 => {
-                let (server, addr) = kraft::api::http_server_here(handle.clone(), http, max_body_bytes)?;
+                let (server, addr) = kraft::api::http_server_here(handle.clone(), http, max_body_bytes, tokens)?;
                 Api::Here(server, addr)
             }
             workers => {
-                let (server, addr) = kraft::api::http_server_with(handle.clone(), http, max_body_bytes, workers)?;
+                let (server, addr) =
+                    kraft::api::http_server_with(handle.clone(), http, max_body_bytes, workers, tokens)?;
                 Api::Workers {
                     server: server.handle(),
                     task: actix_rt::spawn(server),

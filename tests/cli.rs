@@ -122,6 +122,23 @@ fn a_bad_override_exits_2_naming_the_key() {
     assert_config_error(&["--config", path, "--set", "node.id"], &["KEY=VALUE"]);
 }
 
+#[test]
+fn a_bad_or_missing_tokens_file_exits_2_naming_it_and_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "");
+    let path = path.to_str().unwrap();
+    let tokens = dir.path().join("tokens");
+    let tokens_set = format!("security.tokens_file={}", tokens.display());
+    let tokens_path = tokens.to_str().unwrap();
+    assert_config_error(&["--config", path, "--set", &tokens_set], &[tokens_path]);
+    std::fs::write(&tokens, "admin 0123456789abcdef0\nwrite 0123456789abcdef1\n").unwrap();
+    assert_config_error(
+        &["--config", path, "--set", &tokens_set],
+        &[tokens_path, "line 2", "unknown scope"],
+    );
+    assert_config_error(&["--config", path, "--set", "security.token_file=x"], &["token_file"]);
+}
+
 /// A running `kraft`; dropping it kills the process.
 struct Kraft {
     child: Child,

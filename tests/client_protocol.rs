@@ -8,9 +8,10 @@ mod ports;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use kraft::api::{client_server_here, ClientLimits, LocalServer};
+use kraft::api::{client_server_here, ClientLimits, LocalServer, Tokens};
 use kraft::client::{Client, ClientError, Error, Producer, ProducerOptions};
 use kraft::config::Config;
 use kraft::messages::client::{
@@ -59,12 +60,21 @@ impl Served {
     }
 
     async fn start_with(absent_peer: bool, limits: ClientLimits, change: impl FnOnce(&mut Config)) -> Served {
+        Served::start_with_tokens(absent_peer, limits, change, None).await
+    }
+
+    async fn start_with_tokens(
+        absent_peer: bool,
+        limits: ClientLimits,
+        change: impl FnOnce(&mut Config),
+        tokens: Option<Arc<Tokens>>,
+    ) -> Served {
         let dir = tempfile::tempdir().unwrap();
         let mut config = config(dir.path(), absent_peer);
         change(&mut config);
         let node = node::start(config).await.expect("node starts");
-        let (server, addr) =
-            client_server_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).expect("client listener binds");
+        let (server, addr) = client_server_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits, tokens)
+            .expect("client listener binds");
         Served {
             node,
             server,
@@ -79,7 +89,15 @@ impl Served {
     }
 
     async fn leader_with(limits: ClientLimits, change: impl FnOnce(&mut Config)) -> Served {
-        let served = Served::start_with(false, limits, change).await;
+        Served::leader_with_tokens(limits, change, None).await
+    }
+
+    async fn leader_with_tokens(
+        limits: ClientLimits,
+        change: impl FnOnce(&mut Config),
+        tokens: Option<Arc<Tokens>>,
+    ) -> Served {
+        let served = Served::start_with_tokens(false, limits, change, tokens).await;
         let deadline = tokio::time::Instant::now() + WAIT;
         while served.node.describe().await.unwrap().role != "leader" {
             assert!(tokio::time::Instant::now() < deadline, "no leader after {WAIT:?}");
@@ -1052,5 +1070,60 @@ async fn a_node_in_log_mode_refuses_controller_operations() {
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
+    served.stop().await;
+}
+
+const ADMIN_TOKEN: &str = "admin-0123456789abcdef";
+const READ_TOKEN: &str = "read-0123456789abcdef";
+
+fn refused_as(result: Result<impl std::fmt::Debug, Error>, code: &str) {
+    match result {
+        Err(Error::Node(refusal)) => assert_eq!(refusal.code(), code, "{refusal}"),
+        other => panic!("expected {code}, got {other:?}"),
+    }
+}
+
+/// With a tokens file: a connection that has not authenticated gets
+/// UNAUTHENTICATED for every request, an unknown token is refused, a read
+/// token reads and gets CLUSTER_AUTHORIZATION_FAILED on writes, an admin
+/// token (through Client and Producer) writes; nothing refused is written.
+#[actix_rt::test]
+async fn with_tokens_a_connection_authenticates_and_a_write_needs_an_admin_token() {
+    let tokens = Tokens::parse(&format!("admin {ADMIN_TOKEN}\nread {READ_TOKEN}\n")).unwrap();
+    let served = Served::leader_with_tokens(default_limits(), |_| {}, Some(Arc::new(tokens))).await;
+
+    let mut anonymous = Client::connect(served.addr).await.unwrap();
+    refused_as(anonymous.quorum().await, "UNAUTHENTICATED");
+    refused_as(anonymous.append(vec![b"anonymous".to_vec()]).await, "UNAUTHENTICATED");
+    refused_as(anonymous.read(0, 10).await, "UNAUTHENTICATED");
+    refused_as(
+        Client::connect_with_token(served.addr, "nobody-0123456789abcdef")
+            .await
+            .map(|_| ()),
+        "UNAUTHENTICATED",
+    );
+
+    let mut reader = Client::connect_with_token(served.addr, READ_TOKEN).await.unwrap();
+    assert_eq!(reader.quorum().await.unwrap().role, "leader");
+    reader.read(0, 10).await.unwrap();
+    refused_as(
+        reader.append(vec![b"read".to_vec()]).await,
+        "CLUSTER_AUTHORIZATION_FAILED",
+    );
+
+    let mut admin = Client::connect_with_token(served.addr, ADMIN_TOKEN).await.unwrap();
+    admin.append(vec![b"admin".to_vec()]).await.unwrap();
+    let producer = Producer::connect_with_token(served.addr, ProducerOptions::default(), ADMIN_TOKEN)
+        .await
+        .unwrap();
+    producer.append(vec![b"producer".to_vec()]).await.unwrap();
+    let read_producer = Producer::connect_with_token(served.addr, ProducerOptions::default(), READ_TOKEN)
+        .await
+        .unwrap();
+    refused_as(
+        read_producer.append(vec![b"read producer".to_vec()]).await,
+        "CLUSTER_AUTHORIZATION_FAILED",
+    );
+    assert_eq!(served.data_values().await, ["admin", "producer"]);
     served.stop().await;
 }

@@ -580,3 +580,15 @@ fn a_built_config_may_count_bytes_beyond_toml_and_a_lone_voter_may_keep_port_0()
     lone.quorum.voters.insert(2, "127.0.0.1:9094".to_string());
     assert_eq!(lone.check().unwrap_err().key(), Some("quorum.voters"));
 }
+
+#[test]
+fn security_tokens_file_is_a_path_or_empty_for_none() {
+    let config = Config::from_toml_str("[security]\ntokens_file = \"/etc/kraft/tokens\"\n", &[]).unwrap();
+    assert_eq!(
+        config.security.tokens_file.as_deref(),
+        Some(std::path::Path::new("/etc/kraft/tokens"))
+    );
+    let config = Config::from_toml_str("[security]\ntokens_file = \"\"\n", &[]).unwrap();
+    assert_eq!(config.security.tokens_file, None);
+    assert!(invalid("[security]\ntokens_file = 5\n", "security.tokens_file").contains("tokens file"));
+}

@@ -1159,9 +1159,13 @@ async fn a_client_of_a_follower_has_its_append_forwarded_and_reads_it_back_there
     let (leader, _) = agreed_leader(&nodes, 0).await;
     let follower = (leader + 1) % 3;
     let limits = kraft::api::ClientLimits::for_batch_bytes(kraft::messages::MAX_BATCH_BYTES);
-    let (server, addr) =
-        kraft::api::client_server_here(nodes[follower].clone().unwrap(), "127.0.0.1:0".parse().unwrap(), limits)
-            .expect("the client listener binds");
+    let (server, addr) = kraft::api::client_server_here(
+        nodes[follower].clone().unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+        limits,
+        None,
+    )
+    .expect("the client listener binds");
     let mut client = kraft::client::Client::connect(addr).await.unwrap();
     let appended = client
         .append(vec![vec![0xff, 0x01]])

@@ -7,11 +7,12 @@ mod ports;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use kraft::api::{http_server_here, LocalHttpServer};
+use kraft::api::{http_server_here, LocalHttpServer, Tokens};
 use kraft::config::Config;
 use kraft::node::{self, NodeHandle};
 
@@ -29,6 +30,10 @@ struct TestNode {
 
 impl TestNode {
     async fn start() -> TestNode {
+        TestNode::start_with_tokens(None).await
+    }
+
+    async fn start_with_tokens(tokens: Option<Arc<Tokens>>) -> TestNode {
         let data_dir = tempfile::tempdir().expect("tempdir");
         let config = single_node_config(data_dir.path());
         let handle = node::start(config).await.expect("node starts");
@@ -36,6 +41,7 @@ impl TestNode {
             handle.clone(),
             "127.0.0.1:0".parse().unwrap(),
             kraft::messages::MAX_BATCH_BYTES,
+            tokens.clone(),
         )
         .expect("http binds");
         assert_ne!(addr.port(), 0, "the bound address is returned, not the requested one");
@@ -52,15 +58,11 @@ impl TestNode {
     async fn wait_for_leadership(&self) {
         let deadline = Instant::now() + WAIT;
         loop {
-            let reply = self.get("/v1/quorum").await;
-            if reply.status == 200 && reply.json()["role"] == "leader" {
+            let status = self.handle.describe().await.expect("a running node");
+            if status.role == "leader" {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "no leader within {WAIT:?}; last /v1/quorum: {}",
-                reply.text()
-            );
+            assert!(Instant::now() < deadline, "no leader within {WAIT:?}: {status:?}");
             actix_rt::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -344,5 +346,76 @@ async fn an_append_to_a_stopped_node_is_unavailable_not_of_unknown_outcome() {
         .await
         .assert_error(503, "UNAVAILABLE");
     node.get("/v1/quorum").await.assert_error(503, "UNAVAILABLE");
+    node.stop().await;
+}
+
+const ADMIN_TOKEN: &str = "admin-0123456789abcdef";
+const READ_TOKEN: &str = "read-0123456789abcdef";
+
+/// A request with `token` as its bearer token: the status, the body's
+/// `error` code (if any) and the `WWW-Authenticate` header.
+async fn send_as(method: reqwest::Method, url: String, token: Option<&'static str>) -> (u16, String, Option<String>) {
+    tokio::task::spawn_blocking(move || {
+        let client = reqwest::blocking::Client::builder().timeout(WAIT).build().unwrap();
+        let mut request = client.request(method.clone(), &url);
+        if method == reqwest::Method::POST {
+            request = request.body(r#"{"records": ["secret"]}"#);
+        }
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+        let status = response.status().as_u16();
+        let challenge = response
+            .headers()
+            .get("www-authenticate")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body: Value = response.json().unwrap_or(Value::Null);
+        (status, body["error"].as_str().unwrap_or_default().to_owned(), challenge)
+    })
+    .await
+    .unwrap()
+}
+
+/// With a tokens file: no token or an unknown one is 401 with a Bearer
+/// challenge, a read token reads and gets 403 on a write, an admin token
+/// writes, and `/healthz` is open.
+#[actix_rt::test]
+async fn with_tokens_a_request_needs_a_token_and_a_write_needs_an_admin_one() {
+    let tokens = Tokens::parse(&format!("admin {ADMIN_TOKEN}\nread {READ_TOKEN}\n")).unwrap();
+    let node = TestNode::start_with_tokens(Some(Arc::new(tokens))).await;
+    let url = |path: &str| format!("{}{path}", node.base_url);
+    use reqwest::Method;
+    for token in [None, Some("nobody-0123456789abcdef"), Some("Basic xyz")] {
+        let (status, error, challenge) = send_as(Method::GET, url("/v1/log"), token).await;
+        assert_eq!((status, error.as_str()), (401, "UNAUTHENTICATED"), "{token:?}");
+        assert_eq!(challenge.as_deref(), Some("Bearer"));
+        let (status, error, _) = send_as(Method::POST, url("/v1/append"), token).await;
+        assert_eq!((status, error.as_str()), (401, "UNAUTHENTICATED"), "{token:?}");
+    }
+    let (status, _, _) = send_as(Method::GET, url("/healthz"), None).await;
+    assert_eq!(status, 200, "a probe needs no token");
+    let (status, _, _) = send_as(Method::GET, url("/v1/log"), Some(READ_TOKEN)).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = send_as(Method::GET, url("/v1/quorum"), Some(READ_TOKEN)).await;
+    assert_eq!(status, 200);
+    for path in ["/v1/append", "/v1/snapshot"] {
+        let (status, error, _) = send_as(Method::POST, url(path), Some(READ_TOKEN)).await;
+        assert_eq!(
+            (status, error.as_str()),
+            (403, "CLUSTER_AUTHORIZATION_FAILED"),
+            "{path}"
+        );
+    }
+    let (status, error, _) = send_as(Method::POST, url("/v1/append"), Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 200, "{error}");
+    // Only the admin's append is in the log.
+    let page = node.handle.read_records(0, 100).await.unwrap();
+    let appended = page
+        .records
+        .iter()
+        .filter(|r| r.record == kraft::messages::Record::Data(b"secret".to_vec()))
+        .count();
+    assert_eq!(appended, 1);
     node.stop().await;
 }

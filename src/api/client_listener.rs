@@ -42,6 +42,7 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{FutureExt, LocalBoxFuture};
@@ -54,10 +55,10 @@ use tokio::time::Instant;
 
 use super::funnel::AppendFunnel;
 use super::local::{self, LocalServer};
-use super::NodeApi;
+use super::{NodeApi, Tokens};
 use crate::actors::transport::{IDLE_TIMEOUT, WRITE_TIMEOUT};
 use crate::messages::client::{
-    self, ClientError, ClientFrame, ClientRequest, ClientResponse, CLIENT_HEADER_BYTES, CLIENT_PROTOCOL_VERSION,
+    self, ClientError, ClientFrame, ClientRequest, ClientResponse, Scope, CLIENT_HEADER_BYTES, CLIENT_PROTOCOL_VERSION,
 };
 use crate::messages::controller::Operation;
 
@@ -123,6 +124,7 @@ pub(crate) fn serve_here<N: NodeApi>(
     node: N,
     addr: SocketAddr,
     limits: ClientLimits,
+    tokens: Option<Arc<Tokens>>,
 ) -> std::io::Result<(LocalServer, SocketAddr)> {
     let (listener, bound) = local::bind(addr)?;
     let server = LocalServer::spawn(move |stop| async move {
@@ -136,6 +138,7 @@ pub(crate) fn serve_here<N: NodeApi>(
                 node.clone(),
                 funnel.clone(),
                 limits.clone(),
+                tokens.clone(),
                 connection_stop.clone(),
             )
         })
@@ -175,6 +178,11 @@ struct Connection<N> {
     node: N,
     funnel: Rc<AppendFunnel<N>>,
     limits: Rc<ClientLimits>,
+    /// The node's tokens, if it has any; then `scope` is what the
+    /// connection's `Authenticate` allowed (none yet: only `Authenticate`
+    /// is taken).
+    tokens: Option<Arc<Tokens>>,
+    scope: Option<Scope>,
     /// Bytes read and not yet taken as frames, from `consumed` on.
     input: Vec<u8>,
     consumed: usize,
@@ -202,6 +210,7 @@ async fn connection<N: NodeApi>(
     node: N,
     funnel: Rc<AppendFunnel<N>>,
     limits: Rc<ClientLimits>,
+    tokens: Option<Arc<Tokens>>,
     mut stop: watch::Receiver<bool>,
 ) {
     if let Err(err) = stream.set_nodelay(true) {
@@ -210,7 +219,7 @@ async fn connection<N: NodeApi>(
     let (mut reader, mut writer) = stream.into_split();
     let idle_timeout = limits.idle_timeout;
     let write_timeout = limits.write_timeout;
-    let mut conn = Connection::new(node, funnel, limits);
+    let mut conn = Connection::new(node, funnel, limits, tokens);
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
     // While part of a frame is buffered and more is read: when all of it
@@ -321,11 +330,18 @@ async fn linger(mut reader: tokio::net::tcp::OwnedReadHalf, mut writer: tokio::n
 }
 
 impl<N: NodeApi> Connection<N> {
-    fn new(node: N, funnel: Rc<AppendFunnel<N>>, limits: Rc<ClientLimits>) -> Connection<N> {
+    fn new(
+        node: N,
+        funnel: Rc<AppendFunnel<N>>,
+        limits: Rc<ClientLimits>,
+        tokens: Option<Arc<Tokens>>,
+    ) -> Connection<N> {
         Connection {
             node,
             funnel,
             limits,
+            tokens,
+            scope: None,
             input: Vec::new(),
             consumed: 0,
             answers: FuturesOrdered::new(),
@@ -395,13 +411,20 @@ impl<N: NodeApi> Connection<N> {
                     self.next_frame_waits = true;
                     break;
                 }
-                Decoded::Request(id, request) => {
-                    self.reads_in_flight += usize::from(matches!(
-                        request,
-                        ClientRequest::Read { .. } | ClientRequest::ReadLinearizable { .. }
-                    ));
-                    self.start(id, request, len)
+                Decoded::Request(id, ClientRequest::Authenticate { token }) => {
+                    let answer = self.authenticate(token.as_bytes());
+                    ready(id, answer, InFlight::bytes(len))
                 }
+                Decoded::Request(id, request) => match self.refusal(&request) {
+                    Some(refusal) => ready(id, ClientResponse::Error(refusal), InFlight::bytes(len)),
+                    None => {
+                        self.reads_in_flight += usize::from(matches!(
+                            request,
+                            ClientRequest::Read { .. } | ClientRequest::ReadLinearizable { .. }
+                        ));
+                        self.start(id, request, len)
+                    }
+                },
                 Decoded::Refused(id, refusal) => ready(id, ClientResponse::Error(refusal), InFlight::bytes(len)),
             };
             self.consumed += 4 + len;
@@ -423,6 +446,31 @@ impl<N: NodeApi> Connection<N> {
     /// Whether the buffer holds part of a frame that has not arrived whole.
     fn frame_started(&self) -> bool {
         self.input.len() > self.consumed
+    }
+
+    /// Takes a connection's token: with tokens, its scope holds for the
+    /// requests that follow (an unknown token leaves none); without, any
+    /// token may do anything.
+    fn authenticate(&mut self, token: &[u8]) -> ClientResponse {
+        let Some(tokens) = &self.tokens else {
+            return ClientResponse::Authenticated(Scope::Admin);
+        };
+        self.scope = tokens.scope_of(token);
+        match self.scope {
+            Some(scope) => ClientResponse::Authenticated(scope),
+            None => ClientResponse::Error(ClientError::Unauthenticated("the token is not valid here".to_string())),
+        }
+    }
+
+    /// Why the connection's token does not allow `request`, if it does not.
+    fn refusal(&self, request: &ClientRequest) -> Option<ClientError> {
+        let tokens = self.tokens.as_ref()?;
+        match self.scope {
+            None => Some(ClientError::Unauthenticated(
+                "this node requires a token: send Authenticate first (security.tokens_file)".to_string(),
+            )),
+            Some(scope) => tokens.check_scope(scope, request.needs()).err(),
+        }
     }
 
     /// Starts `request`, whose frame took `len` bytes.
@@ -469,6 +517,9 @@ impl<N: NodeApi> Connection<N> {
                     (id, answer, InFlight::bytes(len))
                 }
                 .boxed_local()
+            }
+            ClientRequest::Authenticate { .. } => {
+                unreachable!("taken in take_frames")
             }
             ClientRequest::Quorum => {
                 let node = self.node.clone();
@@ -671,7 +722,7 @@ mod tests {
             actix_rt::System::new().block_on(async move {
                 let node = Held::default();
                 let funnel = AppendFunnel::new(node.clone());
-                let mut conn = Connection::new(node, funnel, Rc::new(limits));
+                let mut conn = Connection::new(node, funnel, Rc::new(limits), None);
                 let mut at = 0;
                 for cut in cuts.iter().cycle() {
                     if at >= stream.len() || !conn.wants_input() {
@@ -707,7 +758,7 @@ mod tests {
     async fn a_connection_has_no_more_than_max_reads_in_flight_and_later_requests_wait_behind_them() {
         let node = Held::default();
         let limits = ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES);
-        let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).unwrap();
+        let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits, None).unwrap();
         let mut bytes = Vec::new();
         for id in 0..5 {
             bytes.extend(frame_of(id, ClientRequest::Read { from: 0, max: 10 }));
@@ -766,7 +817,7 @@ mod tests {
     /// out: the node is handed no more than the bounds allow.
     async fn handed_over(limits: ClientLimits, frames: usize, bytes: usize) -> (Held, usize, TcpStream) {
         let node = Held::default();
-        let (_server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).unwrap();
+        let (_server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits, None).unwrap();
         let mut stream = TcpStream::connect(addr).await.unwrap();
         let mut all = Vec::new();
         for i in 0..frames {
@@ -832,7 +883,7 @@ mod tests {
             ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
         };
         let node = Held::default();
-        let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits).unwrap();
+        let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits, None).unwrap();
         (node, server, addr)
     }
 

@@ -92,6 +92,8 @@ impl ResponseError for ApiError {
             // on their own, and a write of unknown outcome must not be
             // replayed behind the caller's back.
             ApiError::Request(ClientError::OutcomeUnknown(_)) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Request(ClientError::Unauthenticated(_)) => StatusCode::UNAUTHORIZED,
+            ApiError::Request(ClientError::Forbidden(_)) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Request(ClientError::Controller(err)) => match err {
@@ -144,7 +146,9 @@ impl ResponseError for ApiError {
                 | ClientError::OutcomeUnknown(message)
                 | ClientError::Rejected(message)
                 | ClientError::Unavailable(message)
-                | ClientError::Unsupported(message),
+                | ClientError::Unsupported(message)
+                | ClientError::Unauthenticated(message)
+                | ClientError::Forbidden(message),
             )
             | ApiError::NotFound(message)
             | ApiError::MethodNotAllowed(message) => json!({
@@ -152,6 +156,10 @@ impl ResponseError for ApiError {
                 "message": message,
             }),
         };
-        HttpResponse::build(self.status_code()).json(body)
+        let mut response = HttpResponse::build(self.status_code());
+        if matches!(self, ApiError::Request(ClientError::Unauthenticated(_))) {
+            response.insert_header((actix_web::http::header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        response.json(body)
     }
 }

@@ -21,17 +21,17 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_rt::net::TcpStream;
 use actix_service::{map_config, IntoServiceFactory, Service, ServiceFactory, ServiceFactoryExt};
 use actix_web::dev::AppConfig;
-use actix_web::App;
 use tokio::net::TcpSocket;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::{routes, NodeApi, SHUTDOWN_TIMEOUT_S};
+use super::{routes, NodeApi, Tokens, SHUTDOWN_TIMEOUT_S};
 
 /// Connections waiting to be accepted, as actix-web's `HttpServer`.
 const BACKLOG: u32 = 1024;
@@ -138,9 +138,20 @@ pub(crate) fn serve_here<N: NodeApi>(
     max_body_bytes: usize,
     keep_alive: Duration,
     max_connections: usize,
+    tokens: Option<Arc<Tokens>>,
 ) -> std::io::Result<(LocalHttpServer, SocketAddr)> {
     let (listener, bound) = bind(addr)?;
-    let server = LocalServer::spawn(|stop| run(listener, node, max_body_bytes, keep_alive, max_connections, stop));
+    let server = LocalServer::spawn(|stop| {
+        run(
+            listener,
+            node,
+            max_body_bytes,
+            keep_alive,
+            max_connections,
+            tokens,
+            stop,
+        )
+    });
     Ok((server, bound))
 }
 
@@ -167,10 +178,11 @@ async fn run<N: NodeApi>(
     max_body_bytes: usize,
     keep_alive: Duration,
     max_connections: usize,
+    tokens: Option<Arc<Tokens>>,
     stop: watch::Receiver<bool>,
 ) {
     let drain = stop.clone();
-    let app = App::new().configure(move |cfg| routes(cfg, node, max_body_bytes));
+    let app = super::app(tokens).configure(move |cfg| routes(cfg, node, max_body_bytes));
     let factory = actix_http::HttpService::build()
         .keep_alive(keep_alive)
         .client_request_timeout(CLIENT_REQUEST_TIMEOUT)

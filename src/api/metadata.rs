@@ -30,6 +30,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::{ApiError, NodeApi};
+use crate::messages::controller::HeartbeatAnswer;
 use crate::messages::Record;
 use crate::metadata::controller::{
     supported_features, BrokerRegistrationRequest, ConfigChange, ControllerError, IsrChange, NewTopic, TopicLayout,
@@ -38,7 +39,6 @@ use crate::metadata::image::{BrokerRegistration, MetadataImage, TopicImage};
 use crate::metadata::records::{
     BrokerEndpoint, BrokerFeature, BrokerId, MetadataRecord, CONFIG_RESOURCE_BROKER, CONFIG_RESOURCE_TOPIC,
 };
-use crate::messages::controller::HeartbeatAnswer;
 use crate::node::Operation;
 use crate::node::RecordPage;
 
@@ -207,6 +207,19 @@ pub(super) async fn broker<N: NodeApi>(
     let mut answer = broker_json(broker);
     answer["offset"] = json!(image.offset);
     Ok(HttpResponse::Ok().json(answer))
+}
+
+/// Every write body of the metadata resources, decoded from `data` (for
+/// the fuzz targets).
+pub(super) fn fuzz_bodies(data: &[u8]) {
+    let _ = body::<RegisterBody>(data, "");
+    let _ = body::<HeartbeatBody>(data, "");
+    let _ = body::<CreateTopicBody>(data, "");
+    let _ = body::<PartitionsBody>(data, "");
+    let _ = body::<ConfigsBody>(data, "");
+    let _ = body::<AlterBody>(data, "");
+    let _ = body::<ElectBody>(data, "");
+    let _ = body::<BTreeMap<String, i16>>(data, "");
 }
 
 #[derive(Deserialize)]

@@ -16,11 +16,14 @@
 //! `PAYLOAD_TOO_LARGE` (body over the batch cap); 503 `NOT_LEADER` (with
 //! `leader_id`, null when unknown) and `UNAVAILABLE`; 500 `OUTCOME_UNKNOWN`
 //! (leadership lost after the records were handed over: they may or may not
-//! commit; never retried here); 404 `NOT_FOUND`; 405 `METHOD_NOT_ALLOWED`.
+//! commit; never retried here); 404 `NOT_FOUND`; 405 `METHOD_NOT_ALLOWED`;
+//! with a tokens file ([`auth`]), 401 `UNAUTHENTICATED` and 403
+//! `CLUSTER_AUTHORIZATION_FAILED`.
 //!
 //! Handlers only decode, call the node, and encode: they are written against
 //! the small `NodeApi` trait so they can be tested without a quorum.
 
+pub mod auth;
 mod client_listener;
 mod error;
 mod funnel;
@@ -32,6 +35,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::num::IntErrorKind;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use actix_web::error::JsonPayloadError;
 use actix_web::guard::{Guard, GuardContext};
@@ -40,6 +44,7 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer, ResponseError};
 use serde::Deserialize;
 use serde_json::json;
 
+pub use auth::Tokens;
 pub use client_listener::{ClientLimits, FRAME_SLACK_BYTES, MAX_IN_FLIGHT};
 pub use error::ApiError;
 use funnel::AppendFunnel;
@@ -68,13 +73,15 @@ const SHUTDOWN_TIMEOUT_S: u64 = 5;
 /// not install signal handlers: stopping it is the caller's business
 /// (`server.handle().stop(true)`).
 pub fn http_server(handle: NodeHandle, addr: SocketAddr) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
-    http_server_with(handle, addr, MAX_BATCH_BYTES, 1)
+    http_server_with(handle, addr, MAX_BATCH_BYTES, 1, None)
 }
 
 /// [`http_server`] with the request body capped at `max_body_bytes` (the
 /// server binary passes `log.max_batch_bytes`) and `workers` threads
 /// (`listeners.http_workers` when it is 1 or more; 0 is taken as 1 here:
-/// the node's own thread is [`http_server_here`]).
+/// the node's own thread is [`http_server_here`]). With `tokens`, every
+/// request but `GET /healthz` needs a bearer token of theirs
+/// ([`auth`]).
 ///
 /// Fewer workers are faster: the API's own work per request is small, and
 /// one thread hands all of its appends to the node together (one message,
@@ -89,8 +96,9 @@ pub fn http_server_with(
     addr: SocketAddr,
     max_body_bytes: usize,
     workers: usize,
+    tokens: Option<Arc<Tokens>>,
 ) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
-    serve(handle, addr, max_body_bytes, workers.max(1))
+    serve(handle, addr, max_body_bytes, workers.max(1), tokens)
 }
 
 /// Binds the HTTP API for `handle` on `addr` and serves it on the current
@@ -100,11 +108,13 @@ pub fn http_server_with(
 /// [`http_server_with`]; idle connections close after 5 s, as with
 /// actix-web's server, and at most 25,600 connections are served at once
 /// (fewer when the process may open fewer than twice as many files).
-/// Returns the running server and the bound address.
+/// `tokens` as in [`http_server_with`]. Returns the running server and the
+/// bound address.
 pub fn http_server_here(
     handle: NodeHandle,
     addr: SocketAddr,
     max_body_bytes: usize,
+    tokens: Option<Arc<Tokens>>,
 ) -> std::io::Result<(LocalHttpServer, SocketAddr)> {
     local::serve_here(
         handle,
@@ -112,6 +122,7 @@ pub fn http_server_here(
         max_body_bytes,
         local::KEEP_ALIVE,
         local::max_connections(),
+        tokens,
     )
 }
 
@@ -119,14 +130,16 @@ pub fn http_server_here(
 /// [`crate::messages::client`]) for `handle` on `addr` and serves it on the
 /// current thread, which must run an actix runtime (the node's own, in the
 /// server binary). `limits` are usually
-/// [`ClientLimits::for_batch_bytes`]`(log.max_batch_bytes)`. Returns the
+/// [`ClientLimits::for_batch_bytes`]`(log.max_batch_bytes)`. With
+/// `tokens`, a connection authenticates first ([`auth`]). Returns the
 /// running server and the bound address (port 0 picks a free port).
 pub fn client_server_here(
     handle: NodeHandle,
     addr: SocketAddr,
     limits: ClientLimits,
+    tokens: Option<Arc<Tokens>>,
 ) -> std::io::Result<(LocalServer, SocketAddr)> {
-    client_listener::serve_here(handle, addr, limits)
+    client_listener::serve_here(handle, addr, limits, tokens)
 }
 
 /// What the handlers need from a node; [`NodeHandle`] in production, a fake
@@ -225,10 +238,11 @@ fn serve<N: NodeApi + Send>(
     addr: SocketAddr,
     max_body_bytes: usize,
     workers: usize,
+    tokens: Option<Arc<Tokens>>,
 ) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
     let server = HttpServer::new(move || {
         let node = node.clone();
-        App::new().configure(move |cfg| routes(cfg, node, max_body_bytes))
+        app(tokens.clone()).configure(move |cfg| routes(cfg, node, max_body_bytes))
     })
     .workers(workers)
     // Per worker; together no more than the API on the node's thread takes.
@@ -243,6 +257,26 @@ fn serve<N: NodeApi + Send>(
         )
     })?;
     Ok((server.run(), bound))
+}
+
+/// The application every route is configured on: with `tokens`, each
+/// request passes [`auth::authorize`] first.
+fn app(
+    tokens: Option<Arc<Tokens>>,
+) -> App<
+    impl actix_service::ServiceFactory<
+        actix_web::dev::ServiceRequest,
+        Config = (),
+        Response = actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
+    let mut app = App::new();
+    if let Some(tokens) = tokens {
+        app = app.app_data(web::Data::new(tokens));
+    }
+    app.wrap(actix_web::middleware::from_fn(auth::authorize))
 }
 
 /// Every route, the extractor configuration that keeps their errors JSON,
@@ -452,6 +486,13 @@ async fn quorum<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError
 /// is durable (the latest one, `created: false`, if nothing is newer).
 async fn snapshot<N: NodeApi>(node: web::Data<N>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(node.create_snapshot().await?))
+}
+
+/// Every write body of the API decoded from `data`, as the handlers
+/// decode them (for the fuzz targets, `crate::fuzzing`).
+pub(crate) fn fuzz_bodies(data: &[u8]) {
+    let _ = serde_json::from_slice::<AppendRequest>(data);
+    metadata::fuzz_bodies(data);
 }
 
 /// The body of `POST /v1/append`.

@@ -61,6 +61,35 @@ pub enum ClientRequest {
     /// index from the leader (`NodeHandle::read_barrier`): the page sees
     /// every append acknowledged before the request, by any node.
     ReadLinearizable { from: Offset, max: u32 },
+    /// A bearer token from the node's tokens file (`security.tokens_file`):
+    /// answered [`ClientResponse::Authenticated`] with its scope, which
+    /// holds for the rest of the connection; an unknown token is
+    /// [`ClientError::Unauthenticated`]. On a node with tokens, every
+    /// request before it is refused so. On a node without, any token is
+    /// answered `Admin`.
+    Authenticate { token: String },
+}
+
+/// What a connection's token allows (`security.tokens_file`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Scope {
+    /// Reads: `Read`, `ReadLinearizable`, `Quorum`; every HTTP `GET`.
+    Read,
+    /// Reads and writes: also `Append`, `Operate`; every other HTTP method.
+    Admin,
+}
+
+impl ClientRequest {
+    /// What the request needs of a connection's token.
+    pub fn needs(&self) -> Scope {
+        match self {
+            ClientRequest::Append { .. } | ClientRequest::Operate(_) => Scope::Admin,
+            ClientRequest::Quorum
+            | ClientRequest::Read { .. }
+            | ClientRequest::ReadLinearizable { .. }
+            | ClientRequest::Authenticate { .. } => Scope::Read,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +99,7 @@ pub enum ClientResponse {
     Error(ClientError),
     Records(RecordPage),
     Operated(OperationAnswer),
+    Authenticated(Scope),
 }
 
 /// Why a request was not done; the same cases, and the same codes, as
@@ -111,6 +141,14 @@ pub enum ClientError {
     /// (`OUTCOME_UNKNOWN`: it may still commit).
     #[error(transparent)]
     Controller(ControllerError),
+    /// No token came, or one the node does not list (HTTP 401). Nothing
+    /// was done.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The token's scope does not allow the request: a read token on a
+    /// write (HTTP 403). Nothing was done.
+    #[error("not authorized: {0}")]
+    Forbidden(String),
 }
 
 impl ClientResponse {
@@ -123,6 +161,7 @@ impl ClientResponse {
             ClientResponse::Error(_) => "Error",
             ClientResponse::Records(_) => "Records",
             ClientResponse::Operated(_) => "Operated",
+            ClientResponse::Authenticated(_) => "Authenticated",
         }
     }
 }
@@ -139,6 +178,8 @@ impl ClientError {
             ClientError::Unavailable(_) => "UNAVAILABLE",
             ClientError::Unsupported(_) => "UNSUPPORTED",
             ClientError::Controller(err) => err.code(),
+            ClientError::Unauthenticated(_) => "UNAUTHENTICATED",
+            ClientError::Forbidden(_) => "CLUSTER_AUTHORIZATION_FAILED",
         }
     }
 }

@@ -469,7 +469,7 @@ pub fn unfence_broker(image: &MetadataImage, id: BrokerId) -> Vec<MetadataRecord
                 let leader = partitions::elect(partition, |r| r == id || may_lead(image, r));
                 if let Some(leader) = leader {
                     records.push(MetadataRecord::PartitionChange(PartitionChangeRecord {
-                        partition_id: partition_id,
+                        partition_id,
                         topic_id: topic.id,
                         isr: None,
                         leader: Some(leader),
