@@ -9,9 +9,14 @@ cd "$(dirname "$0")/../fuzz"
 SECONDS_EACH=${SECONDS_EACH:-300}
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(ls fuzz_targets | sed 's/\.rs$//')
+# Build once, then run the binaries: a change to the sources while the
+# targets run does not rebuild them half way.
+cargo +nightly fuzz build -O
+bin=target/x86_64-unknown-linux-gnu/release
 for target in "${targets[@]}"; do
     log=$(mktemp)
-    cargo +nightly fuzz run -O "$target" "corpus/$target" -- \
+    mkdir -p "artifacts/$target"
+    "$bin/$target" "corpus/$target" -artifact_prefix="artifacts/$target/" \
         -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 >"$log" 2>&1 || {
         tail -40 "$log"
         exit 1

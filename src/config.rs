@@ -41,6 +41,7 @@ pub const MAX_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 /// Longest `node.cluster_id`.
 pub const MAX_CLUSTER_ID_LEN: usize = 255;
 
+const TLS_FILE_EXPECTED: &str = "a path to a PEM file, or \"\" for none";
 const TOKENS_FILE_EXPECTED: &str = "a path to a tokens file, or \"\" for none";
 const SOCKET_ADDR_EXPECTED: &str = "a socket address ip:port, e.g. \"127.0.0.1:9093\"";
 
@@ -271,6 +272,9 @@ pub struct SecurityConfig {
     /// (`crate::api::auth`); `None` (the default, an empty string in the
     /// file): no token is asked for.
     pub tokens_file: Option<PathBuf>,
+    /// TLS on every listener, mutual between nodes (`crate::tls`): the
+    /// three `tls_*_file` keys, all set or none (the default).
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 impl Default for Config {
@@ -574,6 +578,9 @@ struct RawSnapshot {
 #[serde(deny_unknown_fields)]
 struct RawSecurity {
     tokens_file: Option<Value>,
+    tls_ca_file: Option<Value>,
+    tls_cert_file: Option<Value>,
+    tls_key_file: Option<Value>,
 }
 
 /// The raw tables, each checked for unknown keys.
@@ -1218,15 +1225,51 @@ impl Ctx<'_> {
             log,
             snapshot,
             security: SecurityConfig {
-                tokens_file: match raw.security.tokens_file {
-                    None => None,
-                    Some(v) => {
-                        let s = self.string("security.tokens_file", &v, TOKENS_FILE_EXPECTED)?;
-                        (!s.trim().is_empty()).then(|| PathBuf::from(s))
-                    }
-                },
+                tokens_file: self.optional_path(
+                    "security.tokens_file",
+                    raw.security.tokens_file.clone(),
+                    TOKENS_FILE_EXPECTED,
+                )?,
+                tls: self.tls_files(raw.security)?,
             },
         })
+    }
+
+    /// A path, or `None` for an absent key or an empty string.
+    fn optional_path(&self, key: &str, value: Option<Value>, expected: &str) -> Result<Option<PathBuf>, ConfigError> {
+        let Some(value) = value else { return Ok(None) };
+        let s = self.string(key, &value, expected)?;
+        Ok((!s.trim().is_empty()).then(|| PathBuf::from(s)))
+    }
+
+    /// The three TLS files, all or none.
+    fn tls_files(&self, raw: RawSecurity) -> Result<Option<crate::tls::TlsFiles>, ConfigError> {
+        let keys = [
+            "security.tls_ca_file",
+            "security.tls_cert_file",
+            "security.tls_key_file",
+        ];
+        let values = [raw.tls_ca_file, raw.tls_cert_file, raw.tls_key_file];
+        let mut paths = Vec::with_capacity(3);
+        for (key, value) in keys.iter().zip(values) {
+            paths.push(self.optional_path(key, value, TLS_FILE_EXPECTED)?);
+        }
+        match paths.as_slice() {
+            [None, None, None] => Ok(None),
+            [Some(ca), Some(cert), Some(key)] => Ok(Some(crate::tls::TlsFiles {
+                ca_file: ca.clone(),
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+            })),
+            _ => {
+                let unset = keys[paths.iter().position(Option::is_none).expect("one is unset")];
+                Err(self.invalid(
+                    unset,
+                    &Value::String(String::new()),
+                    "a path: the three security.tls_*_file keys are set together or not at all",
+                ))
+            }
+        }
     }
 
     fn advertised(&self, value: &Value) -> Result<Vec<AdvertisedListener>, ConfigError> {

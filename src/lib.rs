@@ -12,4 +12,5 @@ pub mod metadata;
 pub mod node;
 pub mod raft;
 pub mod storage;
+pub mod tls;
 pub mod types;

@@ -22,7 +22,7 @@ use clap::{Parser, Subcommand};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
-use kraft::api::{ClientLimits, LocalHttpServer, Tokens};
+use kraft::api::{ApiSecurity, ClientLimits, LocalHttpServer, Tokens};
 use kraft::config::Config;
 use kraft::node::{self, NodeHandle};
 
@@ -57,12 +57,39 @@ enum Command {
     /// Ask the node running with this config (at its `listeners.http`) to
     /// write a snapshot now; prints the snapshot as JSON.
     Snapshot,
+    /// Write a development CA and a certificate for each node (ca.pem,
+    /// ca.key, node-<id>.pem, node-<id>.key) for the `security.tls_*` keys.
+    Certs {
+        /// The directory to write them into.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The node ids, e.g. `1,2,3`.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<i32>,
+        /// The host names and IP addresses every node is reached at.
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1,localhost")]
+        hosts: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
     // clap prints its own usage errors and exits with code 2.
     let cli = Cli::parse();
     init_logging();
+    if let Some(Command::Certs { out, nodes, hosts }) = &cli.command {
+        return match kraft::tls::generate(out, nodes, hosts) {
+            Ok(written) => {
+                for path in written {
+                    println!("{}", path.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("kraft: certs: {err}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let config = match Config::load(&cli.config, &cli.overrides) {
         Ok(config) => config,
         Err(err) => {
@@ -82,14 +109,30 @@ fn main() -> ExitCode {
             }
         },
     };
+    let tls = match &config.security.tls {
+        None => None,
+        Some(files) => match kraft::tls::Tls::load(files) {
+            Ok(tls) => Some(tls),
+            Err(err) => {
+                eprintln!("kraft: bad TLS files (security.tls_*): {err}");
+                return ExitCode::from(2);
+            }
+        },
+    };
     match cli.command.unwrap_or(Command::Run) {
+        Command::Certs { .. } => unreachable!("handled above"),
         Command::Run => {
-            let code = actix_rt::System::new().block_on(run(config, tokens));
+            let security = ApiSecurity {
+                tokens,
+                tls: tls.map(|tls| tls.server),
+            };
+            let code = actix_rt::System::new().block_on(run(config, security));
             ExitCode::from(code)
         }
         Command::Snapshot => match request_snapshot(
             config.listeners.http,
             tokens.as_ref().and_then(|tokens| tokens.admin_token()),
+            config.security.tls.as_ref().map(|files| files.ca_file.as_path()),
         ) {
             Ok(body) => {
                 println!("{body}");
@@ -106,18 +149,30 @@ fn main() -> ExitCode {
 /// `POST /v1/snapshot` to a running node over plain HTTP/1.1 (with the
 /// first admin token of the node's tokens file, if it has one); the body
 /// on a 200, else an error with the status line and body.
-fn request_snapshot(http: std::net::SocketAddr, token: Option<String>) -> Result<String, String> {
+fn request_snapshot(
+    http: std::net::SocketAddr,
+    token: Option<String>,
+    ca_file: Option<&std::path::Path>,
+) -> Result<String, String> {
     use std::io::{Read, Write};
     let mut addr = http;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+    let tcp = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .map_err(|e| format!("cannot reach the node at {addr}: {e}"))?;
     // Writing a large snapshot takes a while; waiting is the point.
-    stream
-        .set_read_timeout(Some(Duration::from_secs(600)))
+    tcp.set_read_timeout(Some(Duration::from_secs(600)))
         .map_err(|e| e.to_string())?;
+    let mut stream: Box<dyn ReadWrite> = match ca_file {
+        None => Box::new(tcp),
+        Some(ca_file) => {
+            let config = kraft::tls::client_config(ca_file).map_err(|e| e.to_string())?;
+            let name = kraft::tls::server_name(&addr.to_string()).map_err(|e| e.to_string())?;
+            let connection = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+            Box::new(rustls::StreamOwned::new(connection, tcp))
+        }
+    };
     let authorization = token.map(|token| format!("Authorization: Bearer {token}\r\n"));
     let request = format!(
         "POST /v1/snapshot HTTP/1.1\r\nHost: {addr}\r\n{}Content-Length: 0\r\nConnection: close\r\n\r\n",
@@ -139,6 +194,9 @@ fn request_snapshot(http: std::net::SocketAddr, token: Option<String>) -> Result
     }
 }
 
+trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
+
 /// Logs go to stderr; `RUST_LOG` filters them (default `info`).
 fn init_logging() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -151,7 +209,7 @@ fn init_logging() {
 }
 
 /// Runs the node and its HTTP API until a signal; returns the exit code.
-async fn run(config: Config, tokens: Option<Arc<Tokens>>) -> u8 {
+async fn run(config: Config, security: ApiSecurity) -> u8 {
     // Installed first so that a signal during start-up is a graceful
     // shutdown, not the default action (death).
     let (mut sigterm, mut sigint) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
@@ -172,7 +230,7 @@ async fn run(config: Config, tokens: Option<Arc<Tokens>>) -> u8 {
             return 1;
         }
     };
-    let mut api = match Api::bind(&handle, &config, tokens.clone()) {
+    let mut api = match Api::bind(&handle, &config, security.clone()) {
         Ok(api) => api,
         Err(err) => {
             eprintln!("kraft: node {node_id} cannot bind the http listener on {http_addr}: {err}");
@@ -190,7 +248,7 @@ async fn run(config: Config, tokens: Option<Arc<Tokens>>) -> u8 {
         None => None,
         Some(addr) => {
             let limits = ClientLimits::for_batch_bytes(config.log.max_batch_bytes);
-            match kraft::api::client_server_here(handle.clone(), addr, limits, tokens.clone()) {
+            match kraft::api::client_server_here(handle.clone(), addr, limits, security.clone()) {
                 Ok((server, bound)) => {
                     eprintln!("kraft node {node_id}: client protocol on {bound}");
                     Some(server)
@@ -250,16 +308,16 @@ enum Api {
 }
 
 impl Api {
-    fn bind(handle: &NodeHandle, config: &Config, tokens: Option<Arc<Tokens>>) -> std::io::Result<Api> {
+    fn bind(handle: &NodeHandle, config: &Config, security: ApiSecurity) -> std::io::Result<Api> {
         let (http, max_body_bytes) = (config.listeners.http, config.log.max_batch_bytes);
         Ok(match config.listeners.http_workers {
             0 => {
-                let (server, addr) = kraft::api::http_server_here(handle.clone(), http, max_body_bytes, tokens)?;
+                let (server, addr) = kraft::api::http_server_here(handle.clone(), http, max_body_bytes, security)?;
                 Api::Here(server, addr)
             }
             workers => {
                 let (server, addr) =
-                    kraft::api::http_server_with(handle.clone(), http, max_body_bytes, workers, tokens)?;
+                    kraft::api::http_server_with(handle.clone(), http, max_body_bytes, workers, security)?;
                 Api::Workers {
                     server: server.handle(),
                     task: actix_rt::spawn(server),

@@ -69,6 +69,9 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
     #[error("storage: {0}")]
     Storage(#[from] crate::storage::StorageError),
+    /// The `security.tls_*` files could not be used.
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
     #[error("cannot bind {what} listener on {addr}: {source}")]
     Bind {
         what: &'static str,
@@ -134,6 +137,7 @@ async fn start_node(config: Config, machine: Option<Box<dyn StateMachine>>) -> R
     config.check()?;
     let node_id = config.node.id;
     let cluster_id = config.node.cluster_id.clone();
+    let tls = config.security.tls.as_ref().map(crate::tls::Tls::load).transpose()?;
 
     // sled's open recovers the log and fsyncs: never on the arbiter.
     let dir = config.node.data_dir.clone();
@@ -172,6 +176,7 @@ async fn start_node(config: Config, machine: Option<Box<dyn StateMachine>>) -> R
         node_id,
         config.listeners.max_frame_bytes,
         quorum.clone().recipient(),
+        tls.as_ref().map(|tls| tls.peer_acceptor.clone()),
     )
     .await
     {
@@ -204,6 +209,7 @@ async fn start_node(config: Config, machine: Option<Box<dyn StateMachine>>) -> R
             request_timeout_ms,
             max_frame_bytes,
             outcomes,
+            tls.as_ref().map(|tls| tls.peer_connector.clone()),
         )
         .start()
         .recipient()

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kraft::api::{client_server_here, ClientLimits, LocalServer, Tokens};
+use kraft::api::{client_server_here, ApiSecurity, ClientLimits, LocalServer, Tokens};
 use kraft::client::{Client, ClientError, Error, Producer, ProducerOptions};
 use kraft::config::Config;
 use kraft::messages::client::{
@@ -73,8 +73,13 @@ impl Served {
         let mut config = config(dir.path(), absent_peer);
         change(&mut config);
         let node = node::start(config).await.expect("node starts");
-        let (server, addr) = client_server_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits, tokens)
-            .expect("client listener binds");
+        let (server, addr) = client_server_here(
+            node.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            limits,
+            ApiSecurity { tokens, tls: None },
+        )
+        .expect("client listener binds");
         Served {
             node,
             server,

@@ -1163,7 +1163,7 @@ async fn a_client_of_a_follower_has_its_append_forwarded_and_reads_it_back_there
         nodes[follower].clone().unwrap(),
         "127.0.0.1:0".parse().unwrap(),
         limits,
-        None,
+        kraft::api::ApiSecurity::default(),
     )
     .expect("the client listener binds");
     let mut client = kraft::client::Client::connect(addr).await.unwrap();
@@ -1289,6 +1289,7 @@ async fn the_leader_answers_each_forwarded_group_and_the_older_single_append() {
         10_000,
         16 << 20,
         Outcomes(tx).start().recipient(),
+        None,
     )
     .start();
     let group = |records: &[&str]| AppendRequest {

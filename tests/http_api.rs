@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use kraft::api::{http_server_here, LocalHttpServer, Tokens};
+use kraft::api::{http_server_here, ApiSecurity, LocalHttpServer, Tokens};
 use kraft::config::Config;
 use kraft::node::{self, NodeHandle};
 
@@ -41,7 +41,10 @@ impl TestNode {
             handle.clone(),
             "127.0.0.1:0".parse().unwrap(),
             kraft::messages::MAX_BATCH_BYTES,
-            tokens.clone(),
+            ApiSecurity {
+                tokens: tokens.clone(),
+                tls: None,
+            },
         )
         .expect("http binds");
         assert_ne!(addr.port(), 0, "the bound address is returned, not the requested one");

@@ -248,6 +248,7 @@ async fn start_server_limited(
         MAX_FRAME_BYTES,
         handler.clone().recipient(),
         limits,
+        None,
     )
     .await?;
     Ok(TestServer {
@@ -293,6 +294,7 @@ impl Client {
             request_timeout_ms,
             MAX_FRAME_BYTES,
             collector.recipient(),
+            None,
         )
         .start();
         Client {

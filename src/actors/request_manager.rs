@@ -56,18 +56,18 @@ use std::time::Duration;
 
 use actix::{Actor, Context, Handler, Recipient};
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::transport::{read_frame, FrameError};
+use super::transport::{read_frame, split, split_tcp, FrameError, ReadHalf, WriteHalf};
 use crate::messages::actor::{RequestOutcome, SendRequest, TransportError};
 use crate::messages::codec::{self, Body, Envelope, WIRE_VERSION};
 use crate::messages::rpc::{ErrorCode, RaftResponse};
 use crate::raft::NodeId;
+use tokio_rustls::TlsConnector;
 
 /// Frames smaller than this are coalesced into one write with the frames
 /// queued behind them.
@@ -88,6 +88,9 @@ pub struct RequestManager {
     /// Largest response frame accepted from a peer.
     max_frame_bytes: u64,
     outcome: Recipient<RequestOutcome>,
+    /// With TLS: this node's certificate, and the CA peers' are checked
+    /// against.
+    tls: Option<TlsConnector>,
     /// The request queue of each destination's task.
     destinations: HashMap<NodeId, mpsc::UnboundedSender<Outgoing>>,
 }
@@ -100,6 +103,7 @@ impl RequestManager {
         request_timeout_ms: u64,
         max_frame_bytes: u64,
         outcome: Recipient<RequestOutcome>,
+        tls: Option<TlsConnector>,
     ) -> Self {
         assert!(request_timeout_ms > 0, "request_timeout_ms must be positive");
         RequestManager {
@@ -109,6 +113,7 @@ impl RequestManager {
             request_timeout: Duration::from_millis(request_timeout_ms),
             max_frame_bytes,
             outcome,
+            tls,
             destinations: HashMap::new(),
         }
     }
@@ -123,6 +128,7 @@ impl RequestManager {
             request_timeout: self.request_timeout,
             max_frame_bytes: self.max_frame_bytes,
             outcome: self.outcome.clone(),
+            tls: self.tls.clone(),
             in_flight: HashMap::new(),
             deadlines: BTreeSet::new(),
             connecting: None,
@@ -255,7 +261,7 @@ impl Drop for Connection {
     }
 }
 
-type ConnectFuture = Pin<Box<dyn Future<Output = std::io::Result<TcpStream>>>>;
+type ConnectFuture = Pin<Box<dyn Future<Output = std::io::Result<(ReadHalf, WriteHalf)>>>>;
 
 /// The bookkeeping of one destination, run as one task.
 ///
@@ -273,6 +279,7 @@ struct Destination {
     request_timeout: Duration,
     max_frame_bytes: u64,
     outcome: Recipient<RequestOutcome>,
+    tls: Option<TlsConnector>,
     in_flight: HashMap<u64, InFlight>,
     /// (deadline, correlation id); entries already answered are skipped.
     deadlines: BTreeSet<(Instant, u64)>,
@@ -371,15 +378,19 @@ impl Destination {
         self.in_flight.insert(correlation_id, request);
         self.queued.push((correlation_id, frame));
         if self.connecting.is_none() {
-            self.connecting = Some(Box::pin(connect(self.endpoint.clone(), self.request_timeout)));
+            self.connecting = Some(Box::pin(connect(
+                self.endpoint.clone(),
+                self.request_timeout,
+                self.tls.clone(),
+            )));
         }
     }
 
-    async fn on_connected(&mut self, connected: std::io::Result<TcpStream>) {
+    async fn on_connected(&mut self, connected: std::io::Result<(ReadHalf, WriteHalf)>) {
         self.connecting = None;
         let queued = std::mem::take(&mut self.queued);
-        let stream = match connected {
-            Ok(stream) => stream,
+        let (read_half, write_half) = match connected {
+            Ok(halves) => halves,
             Err(e) => {
                 if self.failing {
                     debug!(to = self.to, endpoint = %self.endpoint, error = %e, "cannot connect");
@@ -398,10 +409,6 @@ impl Destination {
             debug!(to = self.to, endpoint = %self.endpoint, "connected");
         }
         self.failing = false;
-        if let Err(e) = stream.set_nodelay(true) {
-            debug!(to = self.to, error = %e, "cannot set TCP_NODELAY");
-        }
-        let (read_half, write_half) = stream.into_split();
         let (frames_tx, frames_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let written = Rc::new(Cell::new(self.next_seq - 1));
@@ -545,9 +552,32 @@ impl Destination {
     }
 }
 
-/// Opens a connection, giving up after `timeout`.
-async fn connect(endpoint: String, timeout: Duration) -> std::io::Result<TcpStream> {
-    match tokio::time::timeout(timeout, TcpStream::connect(endpoint.as_str())).await {
+/// Opens a connection (with `tls`, and its handshake: the peer's
+/// certificate must come from the CA and name the endpoint's host), giving
+/// up after `timeout`.
+async fn connect(
+    endpoint: String,
+    timeout: Duration,
+    tls: Option<TlsConnector>,
+) -> std::io::Result<(ReadHalf, WriteHalf)> {
+    let open = async {
+        let stream = TcpStream::connect(endpoint.as_str()).await?;
+        if let Err(e) = stream.set_nodelay(true) {
+            debug!(%endpoint, error = %e, "cannot set TCP_NODELAY");
+        }
+        match tls {
+            None => Ok(split_tcp(stream)),
+            Some(connector) => {
+                let name = crate::tls::server_name(&endpoint)?;
+                let stream = connector
+                    .connect(name, stream)
+                    .await
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake with {endpoint} failed: {e}")))?;
+                Ok(split(stream))
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, open).await {
         Ok(result) => result,
         Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")),
     }
@@ -555,11 +585,7 @@ async fn connect(endpoint: String, timeout: Duration) -> std::io::Result<TcpStre
 
 /// Reads response frames until the connection fails; the last event is
 /// always `Closed`.
-async fn read_responses(
-    read_half: OwnedReadHalf,
-    max_frame_bytes: u64,
-    events: mpsc::UnboundedSender<ConnectionEvent>,
-) {
+async fn read_responses(read_half: ReadHalf, max_frame_bytes: u64, events: mpsc::UnboundedSender<ConnectionEvent>) {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
     let reason = loop {
         let body = match read_frame(&mut reader, max_frame_bytes).await {
@@ -589,7 +615,7 @@ async fn read_responses(
 /// Writes frames in order, coalescing small ones queued together, and
 /// keeps `written` at the sequence number of the last frame written whole.
 async fn write_frames(
-    mut write_half: OwnedWriteHalf,
+    mut write_half: WriteHalf,
     mut frames: mpsc::UnboundedReceiver<(u64, Vec<u8>)>,
     written: Rc<Cell<u64>>,
     events: mpsc::UnboundedSender<ConnectionEvent>,

@@ -69,11 +69,12 @@ use std::time::Duration;
 
 use actix::Recipient;
 use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::io::AsyncWrite;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, error, info, warn};
 
 use crate::messages::actor::InboundRequest;
@@ -220,6 +221,8 @@ impl Drop for RaftServer {
 
 /// What every connection of one listener shares.
 struct Shared {
+    /// With TLS: a peer must present a certificate from the cluster's CA.
+    tls: Option<TlsAcceptor>,
     cluster_id: String,
     local_id: NodeId,
     max_frame_bytes: u64,
@@ -392,6 +395,7 @@ pub async fn serve(
     local_id: NodeId,
     max_frame_bytes: u64,
     handler: Recipient<InboundRequest>,
+    tls: Option<TlsAcceptor>,
 ) -> std::io::Result<RaftServer> {
     serve_with(
         addr,
@@ -400,6 +404,7 @@ pub async fn serve(
         max_frame_bytes,
         handler,
         ConnectionLimits::default(),
+        tls,
     )
     .await
 }
@@ -412,11 +417,13 @@ pub async fn serve_with(
     max_frame_bytes: u64,
     handler: Recipient<InboundRequest>,
     limits: ConnectionLimits,
+    tls: Option<TlsAcceptor>,
 ) -> std::io::Result<RaftServer> {
     let listener = TcpListener::bind(addr).await?;
     let local_addr = listener.local_addr()?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let shared = Rc::new(Shared {
+        tls,
         cluster_id,
         local_id,
         max_frame_bytes,
@@ -458,7 +465,25 @@ async fn accept_loop(listener: TcpListener, shared: Rc<Shared>, mut shutdown: wa
                 if let Err(e) = stream.set_nodelay(true) {
                     debug!(%peer, error = %e, "cannot set TCP_NODELAY");
                 }
-                actix_rt::spawn(connection(stream, peer, slot, shutdown.clone()));
+                match shared.tls.clone() {
+                    None => {
+                        actix_rt::spawn(connection(split_tcp(stream), peer, slot, shutdown.clone()));
+                    }
+                    // The handshake in the connection's own task: a slow
+                    // one holds its place, not the listener.
+                    Some(acceptor) => {
+                        let shutdown = shutdown.clone();
+                        actix_rt::spawn(async move {
+                            match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                                Ok(Ok(tls)) => connection(split(tls), peer, slot, shutdown).await,
+                                Ok(Err(e)) => warn!(%peer, "raft connection refused: TLS handshake failed: {e}"),
+                                Err(_) => {
+                                    warn!(%peer, "raft connection refused: no TLS handshake within {:?}", crate::tls::HANDSHAKE_TIMEOUT)
+                                }
+                            }
+                        });
+                    }
+                }
             }
             Err(e) => {
                 // Usually out of file descriptors: back off instead of spinning.
@@ -494,11 +519,32 @@ struct Permits {
     _awaited: Awaited,
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot, mut shutdown: watch::Receiver<bool>) {
+/// A connection's read half, over TCP or TLS.
+pub(crate) type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+/// A connection's write half, over TCP or TLS.
+pub(crate) type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// The halves of a TCP stream (without the lock `tokio::io::split` takes).
+pub(crate) fn split_tcp(stream: TcpStream) -> (ReadHalf, WriteHalf) {
+    let (read, write) = stream.into_split();
+    (Box::new(read), Box::new(write))
+}
+
+/// The halves of any stream (a TLS one).
+pub(crate) fn split<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(stream: S) -> (ReadHalf, WriteHalf) {
+    let (read, write) = tokio::io::split(stream);
+    (Box::new(read), Box::new(write))
+}
+
+async fn connection(
+    (read_half, write_half): (ReadHalf, WriteHalf),
+    peer: SocketAddr,
+    slot: ConnectionSlot,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let shared = &slot.shared;
     let activity = &slot.activity;
     debug!(%peer, "raft connection accepted");
-    let (read_half, write_half) = stream.into_split();
     let (outbound_tx, outbound_rx) = mpsc::channel(MAX_IN_FLIGHT_PER_CONNECTION);
     let mut writer = actix_rt::spawn(write_loop(
         write_half,
@@ -613,7 +659,7 @@ enum ReadEnd {
 /// Reads requests until the peer closes the connection or breaks the
 /// protocol.
 async fn read_loop(
-    read_half: OwnedReadHalf,
+    read_half: ReadHalf,
     peer: SocketAddr,
     shared: &Shared,
     activity: &Rc<Activity>,
@@ -730,7 +776,7 @@ async fn read_loop(
 
 /// Writes responses as they become ready, in whatever order that is.
 async fn write_loop(
-    mut write_half: OwnedWriteHalf,
+    mut write_half: WriteHalf,
     mut outbound: mpsc::Receiver<Outbound>,
     shared: Rc<Shared>,
     activity: Rc<Activity>,

@@ -49,14 +49,13 @@ use futures::future::{FutureExt, LocalBoxFuture};
 use futures::stream::{FuturesOrdered, StreamExt};
 use serde_bytes::ByteBuf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::funnel::AppendFunnel;
 use super::local::{self, LocalServer};
-use super::{NodeApi, Tokens};
-use crate::actors::transport::{IDLE_TIMEOUT, WRITE_TIMEOUT};
+use super::{ApiSecurity, NodeApi, Tokens};
+use crate::actors::transport::{split, split_tcp, ReadHalf, WriteHalf, IDLE_TIMEOUT, WRITE_TIMEOUT};
 use crate::messages::client::{
     self, ClientError, ClientFrame, ClientRequest, ClientResponse, Scope, CLIENT_HEADER_BYTES, CLIENT_PROTOCOL_VERSION,
 };
@@ -124,23 +123,44 @@ pub(crate) fn serve_here<N: NodeApi>(
     node: N,
     addr: SocketAddr,
     limits: ClientLimits,
-    tokens: Option<Arc<Tokens>>,
+    security: ApiSecurity,
 ) -> std::io::Result<(LocalServer, SocketAddr)> {
     let (listener, bound) = local::bind(addr)?;
+    let ApiSecurity { tokens, tls } = security;
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let server = LocalServer::spawn(move |stop| async move {
         let funnel = AppendFunnel::new(node.clone());
         let limits = Rc::new(limits);
         let max_connections = limits.max_connections;
         let connection_stop = stop.clone();
         local::serve_bounded(listener, max_connections, stop, "client listener", move |stream| {
-            connection(
-                stream,
+            let (node, funnel, limits, tokens, stop) = (
                 node.clone(),
                 funnel.clone(),
                 limits.clone(),
                 tokens.clone(),
                 connection_stop.clone(),
-            )
+            );
+            let acceptor = acceptor.clone();
+            async move {
+                if let Err(err) = stream.set_nodelay(true) {
+                    tracing::debug!("client listener: cannot set TCP_NODELAY: {err}");
+                }
+                let halves = match acceptor {
+                    None => split_tcp(stream),
+                    Some(acceptor) => {
+                        let peer = stream.peer_addr().ok();
+                        match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                            Ok(Ok(stream)) => split(stream),
+                            Ok(Err(err)) => {
+                                return tracing::info!(?peer, "client listener: TLS handshake failed: {err}");
+                            }
+                            Err(_) => return tracing::info!(?peer, "client listener: no TLS handshake in time"),
+                        }
+                    }
+                };
+                connection(halves, node, funnel, limits, tokens, stop).await
+            }
         })
         .await;
     });
@@ -206,17 +226,13 @@ struct Connection<N> {
 }
 
 async fn connection<N: NodeApi>(
-    stream: TcpStream,
+    (mut reader, mut writer): (ReadHalf, WriteHalf),
     node: N,
     funnel: Rc<AppendFunnel<N>>,
     limits: Rc<ClientLimits>,
     tokens: Option<Arc<Tokens>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    if let Err(err) = stream.set_nodelay(true) {
-        tracing::debug!("client listener: cannot set TCP_NODELAY: {err}");
-    }
-    let (mut reader, mut writer) = stream.into_split();
     let idle_timeout = limits.idle_timeout;
     let write_timeout = limits.write_timeout;
     let mut conn = Connection::new(node, funnel, limits, tokens);
@@ -312,7 +328,7 @@ async fn connection<N: NodeApi>(
 
 /// Closes a connection whose client may still be sending: our side first,
 /// then what arrives is read and dropped for a while (see [`LINGER`]).
-async fn linger(mut reader: tokio::net::tcp::OwnedReadHalf, mut writer: tokio::net::tcp::OwnedWriteHalf) {
+async fn linger(mut reader: ReadHalf, mut writer: WriteHalf) {
     if writer.shutdown().await.is_err() {
         return;
     }
@@ -604,6 +620,7 @@ mod tests {
     use std::cell::RefCell;
 
     use tokio::io::AsyncReadExt;
+    use tokio::net::TcpStream;
 
     use proptest::prelude::*;
 
@@ -758,7 +775,13 @@ mod tests {
     async fn a_connection_has_no_more_than_max_reads_in_flight_and_later_requests_wait_behind_them() {
         let node = Held::default();
         let limits = ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES);
-        let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits, None).unwrap();
+        let (server, addr) = serve_here(
+            node.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            limits,
+            ApiSecurity::default(),
+        )
+        .unwrap();
         let mut bytes = Vec::new();
         for id in 0..5 {
             bytes.extend(frame_of(id, ClientRequest::Read { from: 0, max: 10 }));
@@ -817,7 +840,13 @@ mod tests {
     /// out: the node is handed no more than the bounds allow.
     async fn handed_over(limits: ClientLimits, frames: usize, bytes: usize) -> (Held, usize, TcpStream) {
         let node = Held::default();
-        let (_server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits, None).unwrap();
+        let (_server, addr) = serve_here(
+            node.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            limits,
+            ApiSecurity::default(),
+        )
+        .unwrap();
         let mut stream = TcpStream::connect(addr).await.unwrap();
         let mut all = Vec::new();
         for i in 0..frames {
@@ -883,7 +912,13 @@ mod tests {
             ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
         };
         let node = Held::default();
-        let (server, addr) = serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), limits, None).unwrap();
+        let (server, addr) = serve_here(
+            node.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            limits,
+            ApiSecurity::default(),
+        )
+        .unwrap();
         (node, server, addr)
     }
 

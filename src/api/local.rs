@@ -21,7 +21,6 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix_rt::net::TcpStream;
@@ -31,7 +30,7 @@ use tokio::net::TcpSocket;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::{routes, NodeApi, Tokens, SHUTDOWN_TIMEOUT_S};
+use super::{routes, ApiSecurity, NodeApi, SHUTDOWN_TIMEOUT_S};
 
 /// Connections waiting to be accepted, as actix-web's `HttpServer`.
 const BACKLOG: u32 = 1024;
@@ -138,7 +137,7 @@ pub(crate) fn serve_here<N: NodeApi>(
     max_body_bytes: usize,
     keep_alive: Duration,
     max_connections: usize,
-    tokens: Option<Arc<Tokens>>,
+    security: ApiSecurity,
 ) -> std::io::Result<(LocalHttpServer, SocketAddr)> {
     let (listener, bound) = bind(addr)?;
     let server = LocalServer::spawn(|stop| {
@@ -148,7 +147,7 @@ pub(crate) fn serve_here<N: NodeApi>(
             max_body_bytes,
             keep_alive,
             max_connections,
-            tokens,
+            security,
             stop,
         )
     });
@@ -178,31 +177,55 @@ async fn run<N: NodeApi>(
     max_body_bytes: usize,
     keep_alive: Duration,
     max_connections: usize,
-    tokens: Option<Arc<Tokens>>,
+    security: ApiSecurity,
     stop: watch::Receiver<bool>,
 ) {
-    let drain = stop.clone();
-    let app = super::app(tokens).configure(move |cfg| routes(cfg, node, max_body_bytes));
-    let factory = actix_http::HttpService::build()
-        .keep_alive(keep_alive)
-        .client_request_timeout(CLIENT_REQUEST_TIMEOUT)
-        .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
-        // Each connection's dispatcher stops keeping its connection alive
-        // once this resolves: idle ones close, busy ones after answering.
-        // actix-web's own server uses this hook; actix-http hides it from
-        // its documentation, and Cargo.lock pins the version that has it.
-        .graceful_shutdown_signal(move || {
-            let mut drain = drain.clone();
-            async move {
-                let _ = drain.wait_for(|&stopping| stopping).await;
-            }
-        })
-        .h1(map_config(
-            app.into_factory().map_err(|err: actix_web::Error| err.error_response()),
-            // Only used to build URLs, which the API never does.
-            |_| AppConfig::default(),
-        ))
-        .tcp();
+    // The same service over TCP or TLS: the stream type differs, so it is
+    // built in each arm.
+    macro_rules! h1 {
+        () => {{
+            let drain = stop.clone();
+            let node = node.clone();
+            let app = super::app(security.tokens.clone()).configure(move |cfg| routes(cfg, node, max_body_bytes));
+            actix_http::HttpService::build()
+                .keep_alive(keep_alive)
+                .client_request_timeout(CLIENT_REQUEST_TIMEOUT)
+                .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
+                // Each connection's dispatcher stops keeping its connection
+                // alive once this resolves: idle ones close, busy ones after
+                // answering. actix-web's own server uses this hook;
+                // actix-http hides it from its documentation, and
+                // Cargo.lock pins the version that has it.
+                .graceful_shutdown_signal(move || {
+                    let mut drain = drain.clone();
+                    async move {
+                        let _ = drain.wait_for(|&stopping| stopping).await;
+                    }
+                })
+                .h1(map_config(
+                    app.into_factory().map_err(|err: actix_web::Error| err.error_response()),
+                    // Only used to build URLs, which the API never does.
+                    |_| AppConfig::default(),
+                ))
+        }};
+    }
+    match security.tls.clone() {
+        None => serve_with(h1!().tcp(), listener, max_connections, stop).await,
+        Some(config) => serve_with(h1!().rustls_0_23((*config).clone()), listener, max_connections, stop).await,
+    }
+}
+
+/// Serves every connection `listener` accepts with a service of `factory`.
+async fn serve_with<F>(
+    factory: F,
+    listener: tokio::net::TcpListener,
+    max_connections: usize,
+    stop: watch::Receiver<bool>,
+) where
+    F: ServiceFactory<TcpStream, Config = (), Response = (), InitError = ()>,
+    F::Service: 'static,
+    F::Error: std::fmt::Display,
+{
     let service = match factory.new_service(()).await {
         Ok(service) => Rc::new(service),
         Err(()) => {
@@ -284,7 +307,8 @@ pub(crate) async fn serve_bounded<F, Fut>(
 
 async fn serve_connection<S>(service: Rc<S>, stream: TcpStream)
 where
-    S: Service<TcpStream, Response = (), Error = actix_http::error::DispatchError>,
+    S: Service<TcpStream, Response = ()>,
+    S::Error: std::fmt::Display,
 {
     // A client that goes away mid-request is its own business.
     if let Err(err) = service.call(stream).await {

@@ -73,15 +73,23 @@ const SHUTDOWN_TIMEOUT_S: u64 = 5;
 /// not install signal handlers: stopping it is the caller's business
 /// (`server.handle().stop(true)`).
 pub fn http_server(handle: NodeHandle, addr: SocketAddr) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
-    http_server_with(handle, addr, MAX_BATCH_BYTES, 1, None)
+    http_server_with(handle, addr, MAX_BATCH_BYTES, 1, ApiSecurity::default())
+}
+
+/// What a listener of the API asks of its clients: a bearer token of
+/// `tokens` ([`auth`]), and TLS with the node's certificate
+/// ([`crate::tls::Tls::server`]). The default asks for neither.
+#[derive(Clone, Debug, Default)]
+pub struct ApiSecurity {
+    pub tokens: Option<Arc<Tokens>>,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// [`http_server`] with the request body capped at `max_body_bytes` (the
 /// server binary passes `log.max_batch_bytes`) and `workers` threads
 /// (`listeners.http_workers` when it is 1 or more; 0 is taken as 1 here:
-/// the node's own thread is [`http_server_here`]). With `tokens`, every
-/// request but `GET /healthz` needs a bearer token of theirs
-/// ([`auth`]).
+/// the node's own thread is [`http_server_here`]). `security` may ask
+/// for a bearer token (every request but `GET /healthz`) and TLS.
 ///
 /// Fewer workers are faster: the API's own work per request is small, and
 /// one thread hands all of its appends to the node together (one message,
@@ -96,9 +104,9 @@ pub fn http_server_with(
     addr: SocketAddr,
     max_body_bytes: usize,
     workers: usize,
-    tokens: Option<Arc<Tokens>>,
+    security: ApiSecurity,
 ) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
-    serve(handle, addr, max_body_bytes, workers.max(1), tokens)
+    serve(handle, addr, max_body_bytes, workers.max(1), security)
 }
 
 /// Binds the HTTP API for `handle` on `addr` and serves it on the current
@@ -108,13 +116,13 @@ pub fn http_server_with(
 /// [`http_server_with`]; idle connections close after 5 s, as with
 /// actix-web's server, and at most 25,600 connections are served at once
 /// (fewer when the process may open fewer than twice as many files).
-/// `tokens` as in [`http_server_with`]. Returns the running server and the
-/// bound address.
+/// `security` as in [`http_server_with`]. Returns the running server and
+/// the bound address.
 pub fn http_server_here(
     handle: NodeHandle,
     addr: SocketAddr,
     max_body_bytes: usize,
-    tokens: Option<Arc<Tokens>>,
+    security: ApiSecurity,
 ) -> std::io::Result<(LocalHttpServer, SocketAddr)> {
     local::serve_here(
         handle,
@@ -122,7 +130,7 @@ pub fn http_server_here(
         max_body_bytes,
         local::KEEP_ALIVE,
         local::max_connections(),
-        tokens,
+        security,
     )
 }
 
@@ -130,16 +138,17 @@ pub fn http_server_here(
 /// [`crate::messages::client`]) for `handle` on `addr` and serves it on the
 /// current thread, which must run an actix runtime (the node's own, in the
 /// server binary). `limits` are usually
-/// [`ClientLimits::for_batch_bytes`]`(log.max_batch_bytes)`. With
-/// `tokens`, a connection authenticates first ([`auth`]). Returns the
+/// [`ClientLimits::for_batch_bytes`]`(log.max_batch_bytes)`. `security`
+/// may ask for TLS, and for a token a connection authenticates with first
+/// ([`auth`]). Returns the
 /// running server and the bound address (port 0 picks a free port).
 pub fn client_server_here(
     handle: NodeHandle,
     addr: SocketAddr,
     limits: ClientLimits,
-    tokens: Option<Arc<Tokens>>,
+    security: ApiSecurity,
 ) -> std::io::Result<(LocalServer, SocketAddr)> {
-    client_listener::serve_here(handle, addr, limits, tokens)
+    client_listener::serve_here(handle, addr, limits, security)
 }
 
 /// What the handlers need from a node; [`NodeHandle`] in production, a fake
@@ -238,8 +247,9 @@ fn serve<N: NodeApi + Send>(
     addr: SocketAddr,
     max_body_bytes: usize,
     workers: usize,
-    tokens: Option<Arc<Tokens>>,
+    security: ApiSecurity,
 ) -> std::io::Result<(actix_web::dev::Server, SocketAddr)> {
+    let tokens = security.tokens;
     let server = HttpServer::new(move || {
         let node = node.clone();
         app(tokens.clone()).configure(move |cfg| routes(cfg, node, max_body_bytes))
@@ -248,8 +258,11 @@ fn serve<N: NodeApi + Send>(
     // Per worker; together no more than the API on the node's thread takes.
     .max_connections((local::max_connections() / workers).max(1))
     .disable_signals()
-    .shutdown_timeout(SHUTDOWN_TIMEOUT_S)
-    .bind(addr)?;
+    .shutdown_timeout(SHUTDOWN_TIMEOUT_S);
+    let server = match security.tls {
+        None => server.bind(addr)?,
+        Some(tls) => server.bind_rustls_0_23(addr, (*tls).clone())?,
+    };
     let bound = server.addrs().first().copied().ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::AddrNotAvailable,

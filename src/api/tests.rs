@@ -401,7 +401,14 @@ fn assert_only_the_small_append_passed(results: &[(u16, Value)], node: &FakeNode
 #[actix_rt::test]
 async fn served_oversize_bodies_are_413_over_the_wire() {
     let node = FakeNode::committed();
-    let (server, addr) = serve(node.clone(), "127.0.0.1:0".parse().unwrap(), 1 << 20, 1, None).unwrap();
+    let (server, addr) = serve(
+        node.clone(),
+        "127.0.0.1:0".parse().unwrap(),
+        1 << 20,
+        1,
+        ApiSecurity::default(),
+    )
+    .unwrap();
     assert_ne!(addr.port(), 0);
     let server_handle = server.handle();
     actix_rt::spawn(server);
@@ -422,7 +429,7 @@ async fn served_here_oversize_bodies_are_413_over_the_wire() {
         1 << 20,
         local::KEEP_ALIVE,
         64,
-        None,
+        ApiSecurity::default(),
     )
     .unwrap();
     assert_ne!(addr.port(), 0);
@@ -473,8 +480,15 @@ async fn stopping_the_server_here_answers_requests_in_flight_and_closes_idle_con
     // Longer than the stop's drain: idle connections close only because
     // the server stops.
     let keep_alive = Duration::from_secs(600);
-    let (server, addr) =
-        local::serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), 1024, keep_alive, 64, None).unwrap();
+    let (server, addr) = local::serve_here(
+        node.clone(),
+        "127.0.0.1:0".parse().unwrap(),
+        1024,
+        keep_alive,
+        64,
+        ApiSecurity::default(),
+    )
+    .unwrap();
 
     let mut idle = TcpStream::connect(addr).await.unwrap();
     idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: kraft\r\n\r\n")
@@ -524,8 +538,15 @@ async fn stopping_the_server_here_answers_requests_in_flight_and_closes_idle_con
 async fn the_server_here_serves_at_most_max_connections_at_once() {
     let node = FakeNode::committed();
     let keep_alive = Duration::from_secs(600);
-    let (server, addr) =
-        local::serve_here(node.clone(), "127.0.0.1:0".parse().unwrap(), 1024, keep_alive, 2, None).unwrap();
+    let (server, addr) = local::serve_here(
+        node.clone(),
+        "127.0.0.1:0".parse().unwrap(),
+        1024,
+        keep_alive,
+        2,
+        ApiSecurity::default(),
+    )
+    .unwrap();
     let healthz = b"GET /healthz HTTP/1.1\r\nHost: kraft\r\n\r\n";
 
     let mut open = Vec::new();
