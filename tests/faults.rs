@@ -10,8 +10,10 @@
 //! is present exactly once (at the offset it was acknowledged with, in
 //! log mode), that nothing that was never sent, or was refused as not
 //! written, is present, that every node holds the same log (and, in
-//! metadata mode, the same topics) and that offsets are contiguous. It
-//! prints one line of figures.
+//! metadata mode, the same topics) and that offsets are contiguous. A
+//! reader meanwhile makes linearizable reads, checked for linearizability
+//! against the final log's order, and default (local) reads, checked for
+//! prefix consistency. It prints one line of figures.
 //!
 //! CI runs a short fixed-seed sweep. A long run:
 //! `KRAFT_FAULT_SEED=7 KRAFT_FAULT_CYCLES=300 KRAFT_FAULT_NODES=5 cargo test
@@ -95,6 +97,17 @@ struct Read {
 
 type Reads = Arc<Mutex<Vec<Read>>>;
 
+/// What a default (local) read saw: a page of a node's committed log (log
+/// mode), or a node's topics with the offset its image reflects
+/// (metadata mode). Checked only for prefix consistency.
+#[derive(Clone, Debug)]
+enum LocalRead {
+    Log(Vec<(i64, (String, Value))>),
+    Topics { offset: i64, topics: BTreeSet<String> },
+}
+
+type LocalReads = Arc<Mutex<Vec<LocalRead>>>;
+
 struct Run {
     mode: Mode,
     nodes: i32,
@@ -123,16 +136,24 @@ struct Figures {
     future: Vec<String>,
     regressed: Vec<String>,
     reordered: Vec<String>,
+    /// Local reads, and those that were not a prefix of the final history
+    /// (a record other than the final log's at its offset, a hole in a
+    /// page; two images at one offset with other topics, an image with
+    /// fewer topics than an older one, a topic never created).
+    local_reads: u64,
+    inconsistent: Vec<String>,
     /// The writes in the final log, in its order (offset, value); in
     /// metadata mode, the topics with offset -1.
     final_writes: Vec<(i64, String)>,
+    /// The final committed log (log mode).
+    final_log: BTreeMap<i64, (String, Value)>,
 }
 
 impl Figures {
     fn line(&self, run: &Run) -> String {
         let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k}={n}")).collect();
         format!(
-            "faults[{:?} nodes={} seed={} cycles={}]: {}; acked={} refused={} unknown={} lost={} duplicated={} unsent={} divergent={} gaps={}; linearizable reads={} stale={} future={} regressed={} reordered={}",
+            "faults[{:?} nodes={} seed={} cycles={}]: {}; acked={} refused={} unknown={} lost={} duplicated={} unsent={} divergent={} gaps={}; linearizable reads={} stale={} future={} regressed={} reordered={}; local reads={} inconsistent={}",
             run.mode,
             run.nodes,
             run.seed,
@@ -150,7 +171,9 @@ impl Figures {
             self.stale.len(),
             self.future.len(),
             self.regressed.len(),
-            self.reordered.len()
+            self.reordered.len(),
+            self.local_reads,
+            self.inconsistent.len()
         )
     }
 
@@ -164,6 +187,7 @@ impl Figures {
             && self.future.is_empty()
             && self.regressed.is_empty()
             && self.reordered.is_empty()
+            && self.inconsistent.is_empty()
     }
 }
 
@@ -245,19 +269,47 @@ fn start_writers(
 }
 
 /// A reader: linearizable reads through random nodes until stopped; the
-/// answered ones are kept with their times.
+/// answered ones are kept with their times. Every other read is a local
+/// one instead (of a random page of the log up to the highest high
+/// watermark seen, or of the topics), kept in `local`.
 fn start_reader(
     mode: Mode,
     ports: Vec<u16>,
     seed: u64,
     reads: Reads,
+    local: LocalReads,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let client = http();
         let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed);
+        let mut highest_hw = 0;
         while !stop.load(Ordering::SeqCst) {
             let port = ports[rng.gen_range(0..ports.len())];
+            if rng.gen_bool(0.5) {
+                let path = match mode {
+                    Mode::Log => format!("/v1/log?from={}&max=20", rng.gen_range(0..=highest_hw)),
+                    Mode::Metadata => "/v1/topics".to_string(),
+                };
+                let answer = client
+                    .get(format!("http://127.0.0.1:{port}{path}"))
+                    .send()
+                    .ok()
+                    .filter(|r| r.status().is_success())
+                    .and_then(|r| r.json::<Value>().ok());
+                let seen = answer.and_then(|body| match mode {
+                    Mode::Log => body["records"]
+                        .as_array()
+                        .map(|records| LocalRead::Log(records.iter().filter_map(record_of).collect())),
+                    Mode::Metadata => Some(LocalRead::Topics {
+                        offset: body["offset"].as_i64()?,
+                        topics: topic_names(&body),
+                    }),
+                });
+                local.lock().unwrap().extend(seen);
+                std::thread::sleep(Duration::from_millis(rng.gen_range(5..40)));
+                continue;
+            }
             let path = match mode {
                 // From past any log end: only the high watermark comes back.
                 Mode::Log => "/v1/log?consistency=linearizable&from=4611686018427387903&max=1",
@@ -273,15 +325,11 @@ fn start_reader(
             let completed = Instant::now();
             let seen = answer.and_then(|body| match mode {
                 Mode::Log => body["high_watermark"].as_i64().map(Seen::HighWatermark),
-                Mode::Metadata => body["topics"].as_array().map(|topics| {
-                    Seen::Topics(
-                        topics
-                            .iter()
-                            .filter_map(|t| t["name"].as_str().map(String::from))
-                            .collect(),
-                    )
-                }),
+                Mode::Metadata => body["topics"].as_array().map(|_| Seen::Topics(topic_names(&body))),
             });
+            if let Some(Seen::HighWatermark(hw)) = seen {
+                highest_hw = highest_hw.max(hw);
+            }
             if let Some(seen) = seen {
                 reads.lock().unwrap().push(Read {
                     invoked,
@@ -382,17 +430,98 @@ fn read_log(
             break;
         }
         for r in records {
-            let offset = r["offset"].as_i64()?;
-            let value = if r["kind"] == "data" {
-                r["value"].clone()
-            } else {
-                r.clone()
-            };
-            out.insert(offset, (r["kind"].as_str()?.to_string(), value));
+            let (offset, record) = record_of(&r)?;
+            out.insert(offset, record);
             from = offset + 1;
         }
     }
     Some((hw, out))
+}
+
+/// A record of a `GET /v1/log` page: its offset, its kind, and its value
+/// (the whole record for control records).
+fn record_of(r: &Value) -> Option<(i64, (String, Value))> {
+    let offset = r["offset"].as_i64()?;
+    let value = if r["kind"] == "data" {
+        r["value"].clone()
+    } else {
+        r.clone()
+    };
+    Some((offset, (r["kind"].as_str()?.to_string(), value)))
+}
+
+/// The topic names of a `GET /v1/topics` answer.
+fn topic_names(body: &Value) -> BTreeSet<String> {
+    body["topics"]
+        .as_array()
+        .map(|topics| {
+            topics
+                .iter()
+                .filter_map(|t| t["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Prefix consistency of the local reads: each saw a prefix of the final
+/// history. A log page holds the final log's records at their offsets,
+/// without holes; images at one offset show the same topics, one at a
+/// higher offset every topic of one at a lower (the harness never deletes
+/// one), and no topic that was never created.
+fn check_prefix(
+    final_log: &BTreeMap<i64, (String, Value)>,
+    history: &BTreeMap<String, Outcome>,
+    local: &[LocalRead],
+    figures: &mut Figures,
+) {
+    figures.local_reads = local.len() as u64;
+    let mut images: BTreeMap<i64, &BTreeSet<String>> = BTreeMap::new();
+    for read in local {
+        match read {
+            LocalRead::Log(records) => {
+                for pair in records.windows(2) {
+                    if pair[1].0 != pair[0].0 + 1 {
+                        figures
+                            .inconsistent
+                            .push(format!("a page went from offset {} to {}", pair[0].0, pair[1].0));
+                    }
+                }
+                for (offset, record) in records {
+                    if final_log.get(offset) != Some(record) {
+                        figures.inconsistent.push(format!(
+                            "a read saw {record:?} at {offset}, the final log has {:?}",
+                            final_log.get(offset)
+                        ));
+                    }
+                }
+            }
+            LocalRead::Topics { offset, topics } => {
+                for name in topics {
+                    if name != "marker" && !history.contains_key(name) {
+                        figures.inconsistent.push(format!("a read saw topic {name}, never created"));
+                    }
+                }
+                if let Some(other) = images.insert(*offset, topics) {
+                    if other != topics {
+                        figures
+                            .inconsistent
+                            .push(format!("two images at offset {offset} show other topics"));
+                    }
+                }
+            }
+        }
+    }
+    let mut previous: Option<(i64, &BTreeSet<String>)> = None;
+    for (offset, topics) in images {
+        if let Some((older, seen)) = previous {
+            if let Some(missing) = seen.difference(topics).next() {
+                figures.inconsistent.push(format!(
+                    "the image at {offset} lacks topic {missing}, shown at {older}"
+                ));
+            }
+        }
+        previous = Some((offset, topics));
+    }
 }
 
 /// Heals everything, waits until every node has committed a last write made
@@ -504,7 +633,10 @@ fn check(cluster: &mut Cluster, client: &reqwest::blocking::Client, run: &Run, h
         figures.gaps.push(format!("offset {gap} missing below {target_hw}"));
     }
     match run.mode {
-        Mode::Log => check_log(log, &history, &mut figures),
+        Mode::Log => {
+            check_log(log, &history, &mut figures);
+            figures.final_log = log.clone();
+        }
         Mode::Metadata => check_topics(cluster, client, &history, &mut figures),
     }
     figures
@@ -748,6 +880,7 @@ fn run(run: Run) -> Figures {
     let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.http_port).collect();
     let timings: Timings = Default::default();
     let reads: Reads = Default::default();
+    let local: LocalReads = Default::default();
     let writers = start_writers(
         run.mode,
         ports.clone(),
@@ -757,7 +890,7 @@ fn run(run: Run) -> Figures {
         timings.clone(),
         stop.clone(),
     );
-    let reader = start_reader(run.mode, ports, run.seed, reads.clone(), stop.clone());
+    let reader = start_reader(run.mode, ports, run.seed, reads.clone(), local.clone(), stop.clone());
     let mut rng = SmallRng::seed_from_u64(run.seed);
     let mut figures = Figures::default();
     for cycle in 0..run.cycles {
@@ -780,6 +913,8 @@ fn run(run: Run) -> Figures {
     let reads = reads.lock().unwrap().clone();
     let final_writes = std::mem::take(&mut checked.final_writes);
     check_linearizable(&final_writes, &history.lock().unwrap(), &timings, &reads, &mut checked);
+    let final_log = std::mem::take(&mut checked.final_log);
+    check_prefix(&final_log, &history.lock().unwrap(), &local.lock().unwrap(), &mut checked);
     let figures = Figures {
         faults: figures.faults,
         ..checked
@@ -787,7 +922,7 @@ fn run(run: Run) -> Figures {
     println!("{}", figures.line(&run));
     if !figures.clean() {
         panic!(
-            "{}\nlost: {:?}\nduplicated: {:?}\nunsent: {:?}\ndivergent: {:?}\ngaps: {:?}\nstale: {:?}\nfuture: {:?}\nregressed: {:?}\nreordered: {:?}\n{}",
+            "{}\nlost: {:?}\nduplicated: {:?}\nunsent: {:?}\ndivergent: {:?}\ngaps: {:?}\nstale: {:?}\nfuture: {:?}\nregressed: {:?}\nreordered: {:?}\ninconsistent: {:?}\n{}",
             figures.line(&run),
             figures.lost,
             figures.duplicated,
@@ -798,6 +933,7 @@ fn run(run: Run) -> Figures {
             figures.future.iter().take(10).collect::<Vec<_>>(),
             figures.regressed.iter().take(10).collect::<Vec<_>>(),
             figures.reordered.iter().take(10).collect::<Vec<_>>(),
+            figures.inconsistent.iter().take(10).collect::<Vec<_>>(),
             cluster.logs()
         );
     }
@@ -949,4 +1085,37 @@ fn the_linearizability_checks_count_each_kind_of_violation() {
         "w-a, w-b, w-c after w-d: {:?}",
         figures.reordered
     );
+}
+
+#[test]
+fn the_prefix_checks_count_each_kind_of_inconsistency() {
+    let data = |v: &str| ("data".to_string(), json!(v));
+    let final_log: BTreeMap<i64, (String, Value)> = [(0, data("a")), (1, data("b")), (2, data("c"))].into();
+    let history: BTreeMap<String, Outcome> = ["a", "b", "c", "t1", "t2"]
+        .into_iter()
+        .map(|v| (v.to_string(), Outcome::Acked(String::new())))
+        .collect();
+    let topics = |offset, names: &[&str]| LocalRead::Topics {
+        offset,
+        topics: names.iter().map(|n| n.to_string()).collect(),
+    };
+    let local = vec![
+        LocalRead::Log(vec![(0, data("a")), (1, data("b"))]), // a prefix: fine
+        LocalRead::Log(vec![(1, data("x"))]),                 // another record at 1
+        LocalRead::Log(vec![(0, data("a")), (2, data("c"))]), // a hole
+        topics(5, &["t1"]),
+        topics(7, &["t1", "t2"]), // fine: more topics later
+        topics(7, &["t1"]),       // another image at 7
+        topics(9, &["t2"]),       // lost t1, shown at 7
+        topics(9, &["t2", "ghost"]),
+    ];
+    let mut figures = Figures::default();
+    check_prefix(&final_log, &history, &local, &mut figures);
+    assert_eq!(figures.local_reads, 8);
+    let kinds = |needle: &str| figures.inconsistent.iter().filter(|m| m.contains(needle)).count();
+    assert_eq!(kinds("the final log has"), 1, "{:?}", figures.inconsistent);
+    assert_eq!(kinds("a page went from"), 1, "{:?}", figures.inconsistent);
+    assert_eq!(kinds("never created"), 1, "{:?}", figures.inconsistent);
+    assert_eq!(kinds("show other topics"), 2, "{:?}", figures.inconsistent);
+    assert_eq!(kinds("lacks topic t1"), 1, "{:?}", figures.inconsistent);
 }
