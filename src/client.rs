@@ -24,17 +24,19 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_bytes::ByteBuf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{lookup_host, TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::actors::transport::read_frame;
+use crate::actors::transport::{self, read_frame, split_tcp, ReadHalf, WriteHalf};
 use crate::api::MAX_IN_FLIGHT;
 use crate::messages::client::{self, ClientFrame, ClientRequest, ClientResponse, CLIENT_PROTOCOL_VERSION};
 use crate::messages::controller::{Operation, OperationAnswer};
 use crate::messages::Record;
 use crate::node::{Appended, QuorumStatus, RecordPage};
 use crate::raft::Offset;
+use rustls::pki_types::ServerName;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use crate::messages::client::ClientError;
 
@@ -123,21 +125,137 @@ async fn open(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
-/// [`open`], then, with a token, the connection's `Authenticate`
-/// (correlation id 0: the first frame of a new connection).
-async fn open_as(addr: SocketAddr, timeout: Duration, token: Option<&str>) -> Result<TcpStream, Error> {
-    let mut stream = open(addr, timeout)
+/// How a client connects: with a token, with TLS.
+#[derive(Clone, Default)]
+pub struct ConnectOptions {
+    /// Sent as `Authenticate` first on every connection (a node with
+    /// `security.tokens_file`).
+    pub token: Option<String>,
+    /// TLS (a node with `security.tls_*`): the configuration, trusting the
+    /// cluster's CA ([`crate::tls::client_config`]), and the name the
+    /// node's certificate must hold.
+    pub tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+}
+
+impl ConnectOptions {
+    /// TLS with the CA in `ca_file`, for a node whose certificate names
+    /// `host` (an IP address or a DNS name).
+    pub fn with_tls(mut self, ca_file: &std::path::Path, host: &str) -> Result<ConnectOptions, crate::tls::TlsError> {
+        let config = crate::tls::client_config(ca_file)?;
+        let name = crate::tls::server_name(host)?;
+        self.tls = Some((config, name));
+        Ok(self)
+    }
+
+    /// A bearer token sent on every connection.
+    pub fn with_token(mut self, token: impl Into<String>) -> ConnectOptions {
+        self.token = Some(token.into());
+        self
+    }
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("tls", &self.tls.as_ref().map(|(_, name)| name))
+            .finish()
+    }
+}
+
+/// A connection to a node, over TCP or TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(tcp) => tcp,
+            Stream::Tls(tls) => tls.get_ref().0,
+        }
+    }
+
+    fn into_halves(self) -> (ReadHalf, WriteHalf) {
+        match self {
+            Stream::Plain(tcp) => split_tcp(tcp),
+            Stream::Tls(tls) => transport::split(*tls),
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => std::pin::Pin::new(tcp).poll_read(cx, buf),
+            Stream::Tls(tls) => std::pin::Pin::new(tls.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => std::pin::Pin::new(tcp).poll_write(cx, buf),
+            Stream::Tls(tls) => std::pin::Pin::new(tls.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => std::pin::Pin::new(tcp).poll_flush(cx),
+            Stream::Tls(tls) => std::pin::Pin::new(tls.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => std::pin::Pin::new(tcp).poll_shutdown(cx),
+            Stream::Tls(tls) => std::pin::Pin::new(tls.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// [`open`], its TLS handshake (with `options.tls`), then, with a token,
+/// the connection's `Authenticate` (correlation id 0: the first frame of a
+/// new connection).
+async fn open_as(addr: SocketAddr, timeout: Duration, options: &ConnectOptions) -> Result<Stream, Error> {
+    let tcp = open(addr, timeout)
         .await
         .map_err(|source| Error::NotSent { addr, source })?;
-    let Some(token) = token else {
+    let mut stream = match &options.tls {
+        None => Stream::Plain(tcp),
+        Some((config, name)) => {
+            let connector = tokio_rustls::TlsConnector::from(config.clone());
+            let tls = tokio::time::timeout(timeout, connector.connect(name.clone(), tcp))
+                .await
+                .map_err(|_| Error::NotSent {
+                    addr,
+                    source: io::Error::new(io::ErrorKind::TimedOut, "no TLS handshake in time"),
+                })?
+                .map_err(|source| Error::NotSent { addr, source })?;
+            Stream::Tls(Box::new(tls))
+        }
+    };
+    let Some(token) = &options.token else {
         return Ok(stream);
     };
     let request = ClientFrame {
         version: CLIENT_PROTOCOL_VERSION,
         correlation_id: 0,
-        body: ClientRequest::Authenticate {
-            token: token.to_string(),
-        },
+        body: ClientRequest::Authenticate { token: token.clone() },
     };
     let mut frame = Vec::new();
     client::encode_frame_into(&request, &mut frame).map_err(|err| Error::NotSent {
@@ -197,20 +315,20 @@ fn answer_to(frame: &[u8], correlation_id: u64) -> Result<ClientResponse, String
 pub struct Client {
     addr: SocketAddr,
     /// `None` until connected, and after a request failed on it.
-    stream: Option<BufReader<TcpStream>>,
+    stream: Option<BufReader<Stream>>,
     /// When `stream` last brought an answer.
     answered_at: Instant,
     next_correlation_id: u64,
     frame: Vec<u8>,
-    /// Sent as `Authenticate` on every connection this client opens.
-    token: Option<String>,
+    /// Its token and TLS, used on every connection this client opens.
+    options: ConnectOptions,
 }
 
 impl Client {
     /// Connects to the client listener at `addr` (the first address it
     /// resolves to).
     pub async fn connect<A: ToSocketAddrs>(addr: A) -> Result<Client, Error> {
-        Client::connect_as(addr, None).await
+        Client::connect_with_options(addr, ConnectOptions::default()).await
     }
 
     /// [`Client::connect`] to a node with a tokens file: every connection
@@ -218,19 +336,20 @@ impl Client {
     /// does not list fails with [`ClientError::Unauthenticated`]; a read
     /// token's writes fail with [`ClientError::Forbidden`].
     pub async fn connect_with_token<A: ToSocketAddrs>(addr: A, token: impl Into<String>) -> Result<Client, Error> {
-        Client::connect_as(addr, Some(token.into())).await
+        Client::connect_with_options(addr, ConnectOptions::default().with_token(token)).await
     }
 
-    async fn connect_as<A: ToSocketAddrs>(addr: A, token: Option<String>) -> Result<Client, Error> {
+    /// [`Client::connect`] with a token, TLS or both ([`ConnectOptions`]).
+    pub async fn connect_with_options<A: ToSocketAddrs>(addr: A, options: ConnectOptions) -> Result<Client, Error> {
         let addr = resolve(addr).await?;
         Ok(Client {
             addr,
-            stream: Some(BufReader::new(open_as(addr, CONNECT_TIMEOUT, token.as_deref()).await?)),
+            stream: Some(BufReader::new(open_as(addr, CONNECT_TIMEOUT, &options).await?)),
             answered_at: Instant::now(),
             // 0 is the connection's Authenticate.
             next_correlation_id: 0,
             frame: Vec::new(),
-            token,
+            options,
         })
     }
 
@@ -303,11 +422,11 @@ impl Client {
         let mut stream = match self.stream.take() {
             Some(stream)
                 if stream.buffer().is_empty()
-                    && (self.answered_at.elapsed() < QUIET || still_open(stream.get_ref())) =>
+                    && (self.answered_at.elapsed() < QUIET || still_open(stream.get_ref().tcp())) =>
             {
                 stream
             }
-            _ => BufReader::new(open_as(self.addr, CONNECT_TIMEOUT, self.token.as_deref()).await?),
+            _ => BufReader::new(open_as(self.addr, CONNECT_TIMEOUT, &self.options).await?),
         };
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
         let correlation_id = self.next_correlation_id;
@@ -483,7 +602,7 @@ impl Producer {
 
     /// [`Producer::connect`] with other timeouts.
     pub async fn connect_with<A: ToSocketAddrs>(addr: A, options: ProducerOptions) -> Result<Producer, Error> {
-        Producer::connect_as(addr, options, None).await
+        Producer::connect_with_options(addr, options, ConnectOptions::default()).await
     }
 
     /// [`Producer::connect_with`] to a node with a tokens file: every
@@ -494,16 +613,18 @@ impl Producer {
         options: ProducerOptions,
         token: impl Into<String>,
     ) -> Result<Producer, Error> {
-        Producer::connect_as(addr, options, Some(token.into())).await
+        Producer::connect_with_options(addr, options, ConnectOptions::default().with_token(token)).await
     }
 
-    async fn connect_as<A: ToSocketAddrs>(
+    /// [`Producer::connect_with`] with a token, TLS or both
+    /// ([`ConnectOptions`]), on every connection.
+    pub async fn connect_with_options<A: ToSocketAddrs>(
         addr: A,
         options: ProducerOptions,
-        token: Option<String>,
+        connect: ConnectOptions,
     ) -> Result<Producer, Error> {
         let addr = resolve(addr).await?;
-        let stream = open_as(addr, options.connect_timeout, token.as_deref()).await?;
+        let stream = open_as(addr, options.connect_timeout, &connect).await?;
         let (jobs, queue) = mpsc::channel(PRODUCER_QUEUE);
         let mut pipeline = Pipeline {
             addr,
@@ -513,7 +634,7 @@ impl Producer {
             max_batch_bytes: options.max_batch_bytes,
             taken: 0,
             connection: Some(PipelinedConnection::new(stream)),
-            token,
+            connect,
         };
         tokio::spawn(async move { pipeline.run().await });
         Ok(Producer { addr, jobs })
@@ -566,8 +687,8 @@ struct Pipeline {
     taken: u64,
     /// `None` from a failure until an append needs a connection again.
     connection: Option<PipelinedConnection>,
-    /// Sent as `Authenticate` on every connection.
-    token: Option<String>,
+    /// Its token and TLS, used on every connection.
+    connect: ConnectOptions,
 }
 
 impl Pipeline {
@@ -587,7 +708,7 @@ impl Pipeline {
                 let Some(job) = next_job(&mut self.front, &mut self.queue, &mut self.taken).await else {
                     return;
                 };
-                match open_as(self.addr, self.options.connect_timeout, self.token.as_deref()).await {
+                match open_as(self.addr, self.options.connect_timeout, &self.connect).await {
                     Ok(stream) => {
                         // The appends queued meanwhile join it in the
                         // next turn.
@@ -812,8 +933,8 @@ struct Sent {
 }
 
 struct PipelinedConnection {
-    reader: OwnedReadHalf,
-    writer: OwnedWriteHalf,
+    reader: ReadHalf,
+    writer: WriteHalf,
     /// Frames to write; `out[..written]` are written.
     out: Vec<u8>,
     written: usize,
@@ -872,8 +993,8 @@ impl Ended {
 }
 
 impl PipelinedConnection {
-    fn new(stream: TcpStream) -> PipelinedConnection {
-        let (reader, writer) = stream.into_split();
+    fn new(stream: Stream) -> PipelinedConnection {
+        let (reader, writer) = stream.into_halves();
         PipelinedConnection {
             reader,
             writer,

@@ -498,7 +498,9 @@ fn check_prefix(
             LocalRead::Topics { offset, topics } => {
                 for name in topics {
                     if name != "marker" && !history.contains_key(name) {
-                        figures.inconsistent.push(format!("a read saw topic {name}, never created"));
+                        figures
+                            .inconsistent
+                            .push(format!("a read saw topic {name}, never created"));
                     }
                 }
                 if let Some(other) = images.insert(*offset, topics) {
@@ -515,9 +517,9 @@ fn check_prefix(
     for (offset, topics) in images {
         if let Some((older, seen)) = previous {
             if let Some(missing) = seen.difference(topics).next() {
-                figures.inconsistent.push(format!(
-                    "the image at {offset} lacks topic {missing}, shown at {older}"
-                ));
+                figures
+                    .inconsistent
+                    .push(format!("the image at {offset} lacks topic {missing}, shown at {older}"));
             }
         }
         previous = Some((offset, topics));
@@ -914,7 +916,12 @@ fn run(run: Run) -> Figures {
     let final_writes = std::mem::take(&mut checked.final_writes);
     check_linearizable(&final_writes, &history.lock().unwrap(), &timings, &reads, &mut checked);
     let final_log = std::mem::take(&mut checked.final_log);
-    check_prefix(&final_log, &history.lock().unwrap(), &local.lock().unwrap(), &mut checked);
+    check_prefix(
+        &final_log,
+        &history.lock().unwrap(),
+        &local.lock().unwrap(),
+        &mut checked,
+    );
     let figures = Figures {
         faults: figures.faults,
         ..checked

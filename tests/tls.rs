@@ -356,6 +356,31 @@ fn a_tls_cluster_with_tokens_runs_and_refuses_a_peer_without_the_clusters_certif
         client_call(&mut client, 3, ClientRequest::Quorum),
         ClientResponse::Quorum(_)
     ));
+    // kraft::client over TLS: Client and Producer.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use kraft::client::{Client, ConnectOptions, Error, Producer, ProducerOptions};
+        let addr = ("127.0.0.1", follower.client);
+        let options = ConnectOptions::default().with_tls(&ca, "127.0.0.1").unwrap();
+        let mut reader = Client::connect_with_options(addr, options.clone().with_token(READER))
+            .await
+            .unwrap();
+        assert!(!reader.quorum().await.unwrap().role.is_empty());
+        reader.read(0, 5).await.unwrap();
+        let plain = Client::connect_with_options(addr, ConnectOptions::default().with_token(READER)).await;
+        assert!(plain.is_err(), "plaintext was served on the TLS client listener");
+        let producer = Producer::connect_with_options(addr, ProducerOptions::default(), options.with_token(ADMIN))
+            .await
+            .unwrap();
+        // A metadata node takes no raw append: the refusal crossed TLS.
+        match producer.append(vec![b"raw".to_vec()]).await {
+            Err(Error::Node(refusal)) => assert_eq!(refusal.code(), "UNSUPPORTED"),
+            other => panic!("{other:?}"),
+        }
+    });
 
     // A peer with a certificate from another CA: its handshake with a
     // node's raft listener fails, and the node logs the refusal.
