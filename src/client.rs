@@ -1220,7 +1220,7 @@ mod tests {
     async fn a_producers_output_keeps_only_what_is_not_written_yet() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut connection = PipelinedConnection::new(TcpStream::connect(addr).await.unwrap());
+        let mut connection = PipelinedConnection::new(Stream::Plain(TcpStream::connect(addr).await.unwrap()));
         let mut answers = Vec::new();
         for _ in 0..3 {
             let (answer, answered) = oneshot::channel();
@@ -1254,7 +1254,7 @@ mod tests {
     async fn an_append_whose_caller_stopped_waiting_is_not_sent() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut connection = PipelinedConnection::new(TcpStream::connect(addr).await.unwrap());
+        let mut connection = PipelinedConnection::new(Stream::Plain(TcpStream::connect(addr).await.unwrap()));
         let (answer, answered) = oneshot::channel();
         drop(answered);
         connection.push(
