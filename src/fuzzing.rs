@@ -88,10 +88,14 @@ pub fn http_bodies(data: &[u8]) {
     crate::api::fuzz_bodies(data);
 }
 
-/// A config file.
+/// A config file, and the same text as a tokens file
+/// (`security.tokens_file`).
 pub fn config(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = crate::config::Config::from_toml_str(text, &[]);
+        if let Ok(tokens) = crate::api::Tokens::parse(text) {
+            let _ = tokens.scope_of(data);
+        }
     }
 }
 

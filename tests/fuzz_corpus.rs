@@ -209,4 +209,9 @@ fn write_seed_corpora() {
             &std::fs::read(root.join("examples").join(example)).unwrap(),
         );
     }
+    write(
+        "config",
+        "tokens",
+        b"# tokens\nadmin admin-0123456789abcdef\nread read-0123456789abcdef\n",
+    );
 }
