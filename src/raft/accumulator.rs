@@ -22,10 +22,6 @@ impl BatchAccumulator {
         self.records.is_empty()
     }
 
-    pub fn len(&self) -> usize {
-        self.records.len()
-    }
-
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -56,5 +52,25 @@ impl BatchAccumulator {
         self.bytes = 0;
         self.first_append_ms = None;
         std::mem::take(&mut self.records)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn it_overflows_only_when_something_waits_and_the_sum_passes_the_cap() {
+        let mut accumulator = BatchAccumulator::default();
+        assert!(
+            !accumulator.would_overflow(200, 100),
+            "an empty one takes anything the cap allows"
+        );
+        accumulator.add(vec![Record::NoOp], 60, 0);
+        assert!(!accumulator.would_overflow(40, 100), "60 + 40 fits in 100");
+        assert!(accumulator.would_overflow(41, 100), "60 + 41 does not");
+        assert_eq!(accumulator.next_offset(10), 11);
+        assert_eq!(accumulator.drain(), vec![Record::NoOp]);
+        assert!(accumulator.is_empty() && accumulator.bytes() == 0);
     }
 }

@@ -135,6 +135,15 @@ mod tests {
             MAX_UNFLUSHED_BYTES / 2 - 1,
             "only whole batches below the durable end"
         );
+        b.on_flushed(19);
+        assert_eq!(
+            b.unflushed_bytes(),
+            MAX_UNFLUSHED_BYTES / 2 - 1,
+            "offset 19 is not durable yet"
+        );
+        b.on_flushed(20);
+        assert_eq!(b.unflushed_bytes(), 0, "a batch ending at the durable end is durable");
+        b.on_append(20, MAX_UNFLUSHED_BYTES / 2 - 1);
         b.on_truncate(10);
         assert_eq!(b.unflushed_bytes(), 0, "a truncated batch waits for nothing");
         b.on_append(30, 5);
