@@ -291,13 +291,7 @@ fn start_reader(
                     Mode::Log => format!("/v1/log?from={}&max=20", rng.gen_range(0..=highest_hw)),
                     Mode::Metadata => "/v1/topics".to_string(),
                 };
-                let answer = client
-                    .get(format!("http://127.0.0.1:{port}{path}"))
-                    .send()
-                    .ok()
-                    .filter(|r| r.status().is_success())
-                    .and_then(|r| r.json::<Value>().ok());
-                let seen = answer.and_then(|body| match mode {
+                let seen = get_ok(&client, port, &path).and_then(|body| match mode {
                     Mode::Log => body["records"]
                         .as_array()
                         .map(|records| LocalRead::Log(records.iter().filter_map(record_of).collect())),
@@ -316,12 +310,7 @@ fn start_reader(
                 Mode::Metadata => "/v1/topics?consistency=linearizable",
             };
             let invoked = Instant::now();
-            let answer = client
-                .get(format!("http://127.0.0.1:{port}{path}"))
-                .send()
-                .ok()
-                .filter(|r| r.status().is_success())
-                .and_then(|r| r.json::<Value>().ok());
+            let answer = get_ok(&client, port, path);
             let completed = Instant::now();
             let seen = answer.and_then(|body| match mode {
                 Mode::Log => body["high_watermark"].as_i64().map(Seen::HighWatermark),
@@ -340,6 +329,16 @@ fn start_reader(
             std::thread::sleep(Duration::from_millis(rng.gen_range(5..40)));
         }
     })
+}
+
+/// The JSON of a successful `GET` of `path` on the node at `port`.
+fn get_ok(client: &reqwest::blocking::Client, port: u16, path: &str) -> Option<Value> {
+    client
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .send()
+        .ok()
+        .filter(|r| r.status().is_success())
+        .and_then(|r| r.json::<Value>().ok())
 }
 
 /// Carries out one fault and heals it.

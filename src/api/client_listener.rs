@@ -771,17 +771,16 @@ mod tests {
         out
     }
 
+    /// The listener on a free port, without tokens or TLS.
+    fn serve_plain(node: Held, limits: ClientLimits) -> (LocalServer, SocketAddr) {
+        serve_here(node, "127.0.0.1:0".parse().unwrap(), limits, ApiSecurity::default()).unwrap()
+    }
+
     #[actix_rt::test]
     async fn a_connection_has_no_more_than_max_reads_in_flight_and_later_requests_wait_behind_them() {
         let node = Held::default();
         let limits = ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES);
-        let (server, addr) = serve_here(
-            node.clone(),
-            "127.0.0.1:0".parse().unwrap(),
-            limits,
-            ApiSecurity::default(),
-        )
-        .unwrap();
+        let (server, addr) = serve_plain(node.clone(), limits);
         let mut bytes = Vec::new();
         for id in 0..5 {
             bytes.extend(frame_of(id, ClientRequest::Read { from: 0, max: 10 }));
@@ -840,13 +839,7 @@ mod tests {
     /// out: the node is handed no more than the bounds allow.
     async fn handed_over(limits: ClientLimits, frames: usize, bytes: usize) -> (Held, usize, TcpStream) {
         let node = Held::default();
-        let (_server, addr) = serve_here(
-            node.clone(),
-            "127.0.0.1:0".parse().unwrap(),
-            limits,
-            ApiSecurity::default(),
-        )
-        .unwrap();
+        let (_server, addr) = serve_plain(node.clone(), limits);
         let mut stream = TcpStream::connect(addr).await.unwrap();
         let mut all = Vec::new();
         for i in 0..frames {
@@ -912,13 +905,7 @@ mod tests {
             ..ClientLimits::for_batch_bytes(crate::messages::MAX_BATCH_BYTES)
         };
         let node = Held::default();
-        let (server, addr) = serve_here(
-            node.clone(),
-            "127.0.0.1:0".parse().unwrap(),
-            limits,
-            ApiSecurity::default(),
-        )
-        .unwrap();
+        let (server, addr) = serve_plain(node.clone(), limits);
         (node, server, addr)
     }
 
