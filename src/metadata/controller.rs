@@ -937,7 +937,10 @@ mod tests {
         assert_eq!(code(counts("new", 0, 1)), "INVALID_PARTITIONS");
         assert_eq!(code(counts("new", 1, 0)), "INVALID_REPLICATION_FACTOR");
         assert_eq!(code(counts("new", 1, 3)), "INVALID_REPLICATION_FACTOR", "two brokers");
-        assert_eq!(code(counts("new", 10_001, 1)), "INVALID_REQUEST", "over 10,000 records");
+        // A topic is written as one record and one a partition, at most
+        // 10,000 records in all.
+        assert_eq!(code(counts("new", 10_000, 1)), "INVALID_REQUEST", "10,001 records");
+        assert!(create_topic(&image, &counts("new", 9_999, 1), &mut rng()).is_ok());
         let mut configs = counts("new", 1, 1);
         configs.configs.insert("retention.ms".into(), "soon".into());
         assert_eq!(code(configs), "INVALID_CONFIG");
@@ -951,6 +954,14 @@ mod tests {
         assert_eq!(code(assigned(vec![vec![9]])), "INVALID_REPLICA_ASSIGNMENT");
         assert_eq!(code(assigned(vec![])), "INVALID_REPLICA_ASSIGNMENT");
         assert!(create_topic(&image, &assigned(vec![vec![2, 1], vec![1, 2]]), &mut rng()).is_ok());
+        // Its configs count among the 10,000 records too, either layout.
+        let retention = |mut topic: NewTopic| {
+            topic.configs.insert("retention.ms".into(), "1000".into());
+            topic
+        };
+        assert_eq!(code(retention(counts("new", 9_999, 1))), "INVALID_REQUEST");
+        assert_eq!(code(retention(assigned(vec![vec![1]; 9_999]))), "INVALID_REQUEST");
+        assert!(create_topic(&image, &retention(assigned(vec![vec![1]; 9_998])), &mut rng()).is_ok());
     }
 
     #[test]
@@ -1065,6 +1076,27 @@ mod tests {
                 .len(),
             1,
             "a log without metadata.version gets it"
+        );
+        // Level 0 removes a feature, one this controller does not know too
+        // (a newer build finalized it): no broker or range check holds it.
+        let mut newer = without.clone();
+        newer.features.insert("newer.feature".to_string(), 2);
+        assert_eq!(
+            update_features(&newer, &levels(&[("newer.feature", 0)])).unwrap(),
+            vec![MetadataRecord::FeatureLevel(FeatureLevelRecord {
+                name: "newer.feature".into(),
+                feature_level: 0,
+            })]
+        );
+        // A broker of this build registers what the build supports, so it
+        // holds back no level its controller would finalize.
+        let fresh = MetadataImage::empty();
+        let registered = with(&fresh, &new_registration(&fresh, &request(1, None)));
+        assert_eq!(
+            update_features(&registered, &levels(&[(METADATA_VERSION, METADATA_VERSION_LEVEL)]))
+                .unwrap()
+                .len(),
+            1
         );
     }
 
@@ -1206,6 +1238,14 @@ mod tests {
             "UNKNOWN_TOPIC_OR_PARTITION"
         );
         assert_eq!(code(CONFIG_RESOURCE_BROKER, "x", change(&[], &[])), "INVALID_REQUEST");
+        assert_eq!(code(CONFIG_RESOURCE_BROKER, "-1", change(&[], &[])), "INVALID_REQUEST");
+        let broker_0 = alter_configs(
+            &image,
+            CONFIG_RESOURCE_BROKER,
+            "0",
+            &change(&[("log.retention.ms", "5")], &[]),
+        );
+        assert_eq!(broker_0.unwrap().len(), 1, "broker ids start at 0");
         assert_eq!(
             code(
                 CONFIG_RESOURCE_TOPIC,

@@ -204,5 +204,8 @@ mod tests {
         sessions.forget(1);
         assert_eq!(sessions.expired(2_000), [3]);
         assert_eq!(sessions.next_expiry_ms(), Some(1_901));
+        // Alive is the other side of expired; a forgotten broker is not.
+        assert!(sessions.alive(3, 1_900) && !sessions.alive(3, 1_901));
+        assert!(!sessions.alive(1, 1_000), "forgotten");
     }
 }

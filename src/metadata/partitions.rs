@@ -44,15 +44,8 @@ pub fn fence(
         rest if rest.is_empty() => partition.isr.clone(),
         rest => rest,
     };
-    let shrunk = PartitionRegistration {
-        isr: isr.clone(),
-        ..partition.clone()
-    };
-    let leader = if leads {
-        Some(elect(&shrunk, |r| r != broker && may_lead(r)).unwrap_or(NO_LEADER))
-    } else {
-        None
-    };
+    // The new ISR is the old one without `broker`, which may not lead.
+    let leader = leads.then(|| elect(partition, |r| r != broker && may_lead(r)).unwrap_or(NO_LEADER));
     Some(PartitionChangeRecord {
         partition_id,
         topic_id,

@@ -188,6 +188,31 @@ mod tests {
         }
     }
 
+    /// When fenced brokers must fill replicas, they are taken in turn like
+    /// the unfenced ones: never twice in a partition, evenly over the
+    /// partitions.
+    #[test]
+    fn fenced_brokers_filling_replicas_are_spread_like_the_others() {
+        let brokers = [
+            broker(1, None, false),
+            broker(2, None, true),
+            broker(3, None, true),
+            broker(4, None, true),
+        ];
+        for seed in 0..20 {
+            let placed = place(&brokers, 3, 3, &mut SmallRng::seed_from_u64(seed)).unwrap();
+            let mut held: HashMap<BrokerId, usize> = HashMap::new();
+            for replicas in &placed {
+                assert_eq!(replicas[0], 1, "the unfenced broker leads: {placed:?}");
+                assert_eq!(replicas.iter().collect::<BTreeSet<_>>().len(), 3, "{placed:?}");
+                for id in replicas {
+                    *held.entry(*id).or_default() += 1;
+                }
+            }
+            assert_eq!((held[&2], held[&3], held[&4]), (2, 2, 2), "seed {seed}: {placed:?}");
+        }
+    }
+
     #[test]
     fn too_few_brokers_or_nothing_to_place_are_clear_errors() {
         let mut rng = SmallRng::seed_from_u64(1);

@@ -236,6 +236,13 @@ impl RaftNode {
 
     /// The log start moved up to `start_offset`: parked fetches below it
     /// are answered with the snapshot.
+    ///
+    /// Defensive, and no test can reach it: a fetch is parked only at the
+    /// log end and answered as soon as a record is appended past it
+    /// (`poll_parked`), while the log start never passes the flushed end.
+    /// It keeps a parked fetch from reading below the log start should
+    /// either rule change. (cargo-mutants' `replace with ()` of it is
+    /// equivalent for that reason.)
     pub(super) fn answer_parked_below_log_start(&mut self, start_offset: Offset) {
         let (below, above): (Vec<ParkedFetch>, Vec<ParkedFetch>) = std::mem::take(&mut self.parked)
             .into_iter()

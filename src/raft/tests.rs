@@ -697,6 +697,13 @@ fn pre_vote_changes_nothing_and_respects_a_live_leader() {
     assert!(!granted(&actions), "a follower with a live leader refuses pre-votes");
     assert!(persisted(&actions).is_empty());
     assert_eq!(node.role().epoch, 5, "a pre-vote never bumps the epoch");
+    // The fetch timeout after its last successful fetch the leader is
+    // presumed gone, even before the follower's own timer has run.
+    node.handle_request(10 + FETCH_T, 3, 2, vote_req(6, 3, 9, 9, true));
+    assert!(
+        granted(&node.take_actions()),
+        "no successful fetch for the fetch timeout"
+    );
     // After the fetch timeout the leader is presumed gone.
     let mut unattached = start(
         1,
@@ -1147,6 +1154,24 @@ fn fetches_with_a_wrong_epoch_are_refused() {
     );
 }
 
+/// A fetch naming the leader itself as its replica, or a negative offset,
+/// is refused as invalid.
+#[test]
+fn a_fetch_from_the_leaders_own_id_or_at_a_negative_offset_is_invalid() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.handle_request(now, 1, 1, fetch_req(1, 1, 0, 0, 0));
+    node.handle_request(now, 2, 2, fetch_req(2, 1, -1, 0, 0));
+    let errors: Vec<ErrorCode> = responses(&node.take_actions())
+        .into_iter()
+        .map(|r| match r {
+            RaftResponse::Fetch(f) => f.error,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(errors, vec![ErrorCode::InvalidRequest; 2]);
+}
+
 /// Asserts that `actions` answer `count` fetches, each telling the high
 /// watermark `hw`.
 fn assert_fetches_told(actions: &[Action], count: usize, hw: Offset) {
@@ -1514,6 +1539,26 @@ fn observers_are_tracked_but_never_count_toward_the_high_watermark() {
     assert_eq!(d.voters.len(), 3);
 }
 
+/// A replica is caught up when it fetches from the leader's log end, not
+/// before; describe tells how long ago that last was.
+#[test]
+fn a_replica_is_caught_up_only_when_it_fetches_from_the_log_end() {
+    let (mut node, now) = elect_leader();
+    node.on_flushed(now, 1);
+    node.handle_request(now, 2, 1, fetch_req(2, 1, 0, 0, 0));
+    node.handle_request(now, 3, 2, fetch_req(3, 1, 1, 1, 0));
+    let d = node.describe(now + 10);
+    let caught_up_ago = |id: NodeId| {
+        d.voters
+            .iter()
+            .find(|r| r.id == id)
+            .expect("a voter")
+            .last_caught_up_ms_ago
+    };
+    assert_eq!(caught_up_ago(2), None, "behind the log end");
+    assert_eq!(caught_up_ago(3), Some(10));
+}
+
 // ---------------------------------------------------------------- accumulator
 
 #[test]
@@ -1636,6 +1681,11 @@ fn linger_holds_appends_until_it_expires() {
     node.take_actions();
     node.propose(10, vec![Record::Data(b"a".to_vec())]).unwrap();
     assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
+    assert_eq!(
+        node.next_deadline_ms(),
+        35,
+        "its shell wakes it when the linger runs out"
+    );
     node.tick(34);
     assert!(!node.take_actions().iter().any(|a| matches!(a, Action::AppendBatch(_))));
     node.tick(35);
@@ -2444,6 +2494,132 @@ fn a_bad_chunk_or_a_vanished_snapshot_restarts_from_a_fetch() {
     }
 }
 
+/// An answer about another snapshot than the one being fetched (the
+/// leader's newer one, say) belongs to no request of this transfer:
+/// nothing of it is written.
+/// An answer of another kind than its request (a FetchSnapshot answer to a
+/// Fetch) is a failed request: the follower backs off before it fetches
+/// again, and takes nothing from it.
+#[test]
+fn an_answer_of_another_kind_than_its_request_is_a_failed_request() {
+    let election = ElectionState {
+        epoch: 5,
+        voted_for: None,
+        leader_id: Some(2),
+    };
+    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
+    let (to, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
+    node.handle_response(1, to, corr, chunk(0, 10, 25));
+    node.tick(1);
+    let actions = node.take_actions();
+    assert!(sent(&actions).is_empty(), "backs off: {actions:?}");
+    node.tick(1 + config(1, &[1, 2, 3]).retry_backoff_ms);
+    let next = sent(&node.take_actions());
+    assert!(matches!(next.as_slice(), [(2, _, RaftRequest::Fetch(_))]), "{next:?}");
+}
+
+/// The role names `/v1/quorum`, `/healthz`, the metrics and the logs show
+/// operators (and the tests of whole nodes look for).
+#[test]
+fn role_names_are_the_ones_operators_see() {
+    let kinds = [
+        RoleKind::Unattached,
+        RoleKind::Prospective,
+        RoleKind::Candidate,
+        RoleKind::Leader,
+        RoleKind::Follower,
+        RoleKind::Resigned,
+    ];
+    assert_eq!(
+        kinds.map(RoleKind::as_str),
+        [
+            "unattached",
+            "prospective",
+            "candidate",
+            "leader",
+            "follower",
+            "resigned"
+        ]
+    );
+}
+
+/// A late answer (its request already failed) still teaches a higher
+/// epoch, a BeginQuorumEpoch or EndQuorumEpoch answer as any other.
+#[test]
+fn a_late_quorum_epoch_answer_still_teaches_a_higher_epoch() {
+    for end in [false, true] {
+        let (mut node, now) = elect_leader();
+        let (to, corr, _) = sent(&node.take_actions())
+            .into_iter()
+            .find(|(_, _, r)| matches!(r, RaftRequest::BeginQuorumEpoch(_)))
+            .expect("a BeginQuorumEpoch");
+        node.handle_request_failed(now, to, corr);
+        let answer = QuorumEpochResponse {
+            error: ErrorCode::None,
+            epoch: 4,
+            leader_id: Some(3),
+        };
+        let late = if end {
+            RaftResponse::EndQuorumEpoch(answer)
+        } else {
+            RaftResponse::BeginQuorumEpoch(answer)
+        };
+        node.handle_response(now + 1, to, corr, late);
+        assert_eq!((node.role().role, node.role().epoch), (RoleKind::Follower, 4));
+    }
+}
+
+/// Only an answer to the resignation's own EndQuorumEpoch acknowledges it:
+/// an answer shaped so to a request sent while leading (a
+/// BeginQuorumEpoch) leaves that voter still to be told.
+#[test]
+fn only_an_answer_to_the_resignations_own_request_acknowledges_it() {
+    let (mut node, now) = elect_leader();
+    let (_, begin_2, _) = sent(&node.take_actions())
+        .into_iter()
+        .find(|(to, _, r)| *to == 2 && matches!(r, RaftRequest::BeginQuorumEpoch(_)))
+        .expect("a BeginQuorumEpoch to 2");
+    node.resign(now + 1);
+    let (_, end_3, _) = sent(&node.take_actions())
+        .into_iter()
+        .find(|(to, _, r)| *to == 3 && matches!(r, RaftRequest::EndQuorumEpoch(_)))
+        .expect("an EndQuorumEpoch to 3");
+    let answer = || {
+        RaftResponse::EndQuorumEpoch(QuorumEpochResponse {
+            error: ErrorCode::None,
+            epoch: 1,
+            leader_id: None,
+        })
+    };
+    node.handle_response(now + 2, 3, end_3, answer());
+    node.handle_response(now + 2, 2, begin_2, answer());
+    assert_eq!(node.role().role, RoleKind::Resigned);
+    let retry = config(1, &[1, 2, 3]).retry_backoff_ms;
+    assert!(
+        node.next_deadline_ms() <= now + 1 + retry,
+        "voter 2 is asked again: {}",
+        node.next_deadline_ms()
+    );
+}
+
+#[test]
+fn a_chunk_of_another_snapshot_is_ignored() {
+    let mut node = follower_behind_the_log_start();
+    let (corr, _) = next_request(&mut node);
+    let mut other = chunk(0, 10, 25);
+    if let RaftResponse::FetchSnapshot(r) = &mut other {
+        r.snapshot_id.end_offset = 250;
+    }
+    node.handle_response(2, 2, corr, other);
+    let actions = node.take_actions();
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::WriteSnapshotChunk { .. } | Action::InstallSnapshot(_))),
+        "{actions:?}"
+    );
+}
+
 #[test]
 fn a_chunk_that_changes_the_snapshots_size_restarts_from_a_fetch() {
     let mut node = follower_behind_the_log_start();
@@ -2874,10 +3050,9 @@ fn a_snapshot_of_a_later_epoch_than_the_leaders_is_refused() {
     );
 }
 
-/// Nor is one ending below the follower's high watermark: installing it
-/// would drop committed records from the log.
-#[test]
-fn a_snapshot_ending_below_the_high_watermark_is_refused() {
+/// A follower of leader 2 in epoch 5 whose log [0, 10) is all committed,
+/// and its fetch in flight (to, correlation id).
+fn follower_at_high_watermark_10() -> (RaftNode, NodeId, u64) {
     let election = ElectionState {
         epoch: 5,
         voted_for: None,
@@ -2889,6 +3064,14 @@ fn a_snapshot_ending_below_the_high_watermark_is_refused() {
     assert_eq!(node.high_watermark(), 10);
     node.tick(2);
     let (to, corr, _) = sent(&node.take_actions()).pop().expect("the next fetch");
+    (node, to, corr)
+}
+
+/// Nor is one ending below the follower's high watermark: installing it
+/// would drop committed records from the log.
+#[test]
+fn a_snapshot_ending_below_the_high_watermark_is_refused() {
+    let (mut node, to, corr) = follower_at_high_watermark_10();
     let below = SnapshotId {
         end_offset: 5,
         epoch: 1,
@@ -2898,6 +3081,23 @@ fn a_snapshot_ending_below_the_high_watermark_is_refused() {
     let next = sent(&node.take_actions());
     assert!(
         !next.is_empty() && next.iter().all(|(_, _, r)| matches!(r, RaftRequest::Fetch(_))),
+        "{next:?}"
+    );
+}
+
+/// The boundary of the rule above: a snapshot that ends exactly at the high
+/// watermark holds every committed record, and is fetched.
+#[test]
+fn a_snapshot_ending_at_the_high_watermark_is_fetched() {
+    let (mut node, to, corr) = follower_at_high_watermark_10();
+    let at = SnapshotId {
+        end_offset: 10,
+        epoch: 1,
+    };
+    node.handle_response(3, to, corr, leader_2_answer(10, 10, Some(at)));
+    let next = sent(&node.take_actions());
+    assert!(
+        matches!(next.as_slice(), [(2, _, RaftRequest::FetchSnapshot(r))] if r.snapshot_id == at),
         "{next:?}"
     );
 }
