@@ -2602,6 +2602,48 @@ fn only_an_answer_to_the_resignations_own_request_acknowledges_it() {
     );
 }
 
+/// A chunk answering a FetchSnapshot sent in an earlier role is not taken,
+/// even for the snapshot fetched now from the same leader: here the
+/// leader resigned (EndQuorumEpoch), the pre-votes were refused in its
+/// name, and this node went back to following it.
+#[test]
+fn a_chunk_answering_a_request_of_an_earlier_role_is_ignored() {
+    let mut node = follower_behind_the_log_start();
+    let (stale, _) = next_request(&mut node);
+    node.handle_request(2, 2, 1, end_req(5, 2, vec![1]));
+    for (to, corr, _) in sent(&node.take_actions())
+        .into_iter()
+        .filter(|(_, _, r)| matches!(r, RaftRequest::Vote(_)))
+    {
+        node.handle_response(
+            3,
+            to,
+            corr,
+            RaftResponse::Vote(VoteResponse {
+                error: ErrorCode::None,
+                epoch: 5,
+                leader_id: Some(2),
+                vote_granted: false,
+                pre_vote: true,
+            }),
+        );
+    }
+    assert_eq!((node.role().role, node.role().leader_id), (RoleKind::Follower, Some(2)));
+    let (corr, _) = next_request(&mut node);
+    node.handle_response(4, 2, corr, snapshot_needed());
+    let (_, request) = next_request(&mut node);
+    assert!(
+        matches!(request, RaftRequest::FetchSnapshot(ref r) if r.position == 0),
+        "{request:?}"
+    );
+    node.handle_response(5, 2, stale, chunk(0, 10, 25));
+    let actions = node.take_actions();
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::WriteSnapshotChunk { .. })),
+        "{actions:?}"
+    );
+}
+
 #[test]
 fn a_chunk_of_another_snapshot_is_ignored() {
     let mut node = follower_behind_the_log_start();
