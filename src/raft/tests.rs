@@ -1135,21 +1135,27 @@ fn a_diverging_fetch_is_told_where_to_truncate() {
     );
 }
 
-#[test]
-fn fetches_with_a_wrong_epoch_are_refused() {
+/// The errors the leader of epoch 1 answers `fetches` (sender, request)
+/// with, in order.
+fn fetch_errors(fetches: Vec<(NodeId, RaftRequest)>) -> Vec<ErrorCode> {
     let (mut node, now) = elect_leader();
     node.take_actions();
-    node.handle_request(now, 2, 1, fetch_req(2, 0, 0, 0, 0));
-    node.handle_request(now, 2, 2, fetch_req(2, 9, 0, 0, 0));
-    let errors: Vec<ErrorCode> = responses(&node.take_actions())
+    for (id, (from, fetch)) in fetches.into_iter().enumerate() {
+        node.handle_request(now, from, id as u64 + 1, fetch);
+    }
+    responses(&node.take_actions())
         .into_iter()
         .map(|r| match r {
             RaftResponse::Fetch(f) => f.error,
             other => panic!("{other:?}"),
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn fetches_with_a_wrong_epoch_are_refused() {
     assert_eq!(
-        errors,
+        fetch_errors(vec![(2, fetch_req(2, 0, 0, 0, 0)), (2, fetch_req(2, 9, 0, 0, 0))]),
         vec![ErrorCode::FencedLeaderEpoch, ErrorCode::UnknownLeaderEpoch]
     );
 }
@@ -1158,18 +1164,10 @@ fn fetches_with_a_wrong_epoch_are_refused() {
 /// is refused as invalid.
 #[test]
 fn a_fetch_from_the_leaders_own_id_or_at_a_negative_offset_is_invalid() {
-    let (mut node, now) = elect_leader();
-    node.take_actions();
-    node.handle_request(now, 1, 1, fetch_req(1, 1, 0, 0, 0));
-    node.handle_request(now, 2, 2, fetch_req(2, 1, -1, 0, 0));
-    let errors: Vec<ErrorCode> = responses(&node.take_actions())
-        .into_iter()
-        .map(|r| match r {
-            RaftResponse::Fetch(f) => f.error,
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    assert_eq!(errors, vec![ErrorCode::InvalidRequest; 2]);
+    assert_eq!(
+        fetch_errors(vec![(1, fetch_req(1, 1, 0, 0, 0)), (2, fetch_req(2, 1, -1, 0, 0))]),
+        vec![ErrorCode::InvalidRequest; 2]
+    );
 }
 
 /// Asserts that `actions` answer `count` fetches, each telling the high
@@ -2380,13 +2378,19 @@ fn a_snapshot_past_the_high_watermark_is_never_registered() {
 }
 
 /// Node 1 follows leader 2 in epoch 5 over an old log of 10 records.
-fn follower_behind_the_log_start() -> RaftNode {
+/// Node 1 of {1, 2, 3}, following leader 2 in epoch 5, its log [0, 10)
+/// of epoch 1; its first fetch is among its actions.
+fn follower_of_2_in_epoch_5() -> RaftNode {
     let election = ElectionState {
         epoch: 5,
         voted_for: None,
         leader_id: Some(2),
     };
-    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
+    RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7)
+}
+
+fn follower_behind_the_log_start() -> RaftNode {
+    let mut node = follower_of_2_in_epoch_5();
     assert_eq!(node.role().role, RoleKind::Follower);
     let actions = node.take_actions();
     let (to, corr, request) = sent(&actions).pop().expect("a fetch");
@@ -2502,12 +2506,7 @@ fn a_bad_chunk_or_a_vanished_snapshot_restarts_from_a_fetch() {
 /// again, and takes nothing from it.
 #[test]
 fn an_answer_of_another_kind_than_its_request_is_a_failed_request() {
-    let election = ElectionState {
-        epoch: 5,
-        voted_for: None,
-        leader_id: Some(2),
-    };
-    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
+    let mut node = follower_of_2_in_epoch_5();
     let (to, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
     node.handle_response(1, to, corr, chunk(0, 10, 25));
     node.tick(1);
@@ -2882,12 +2881,7 @@ fn every_kind_of_successful_fetch_answer_restarts_the_fetch_timeout() {
     assert!(node.take_actions().contains(&Action::Truncate { end_offset: 3 }));
     cases.push(("a diverging epoch", node, timeout - 1));
 
-    let election = ElectionState {
-        epoch: 5,
-        voted_for: None,
-        leader_id: Some(2),
-    };
-    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
+    let mut node = follower_of_2_in_epoch_5();
     let (_, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
     node.handle_response(timeout - 1, 2, corr, snapshot_needed());
     assert!(matches!(next_request(&mut node).1, RaftRequest::FetchSnapshot(_)));
@@ -3057,12 +3051,7 @@ fn a_single_voter_at_the_largest_epoch_starts_without_panicking() {
 /// the log at an epoch the node's next leadership could not append to.
 #[test]
 fn a_snapshot_of_a_later_epoch_than_the_leaders_is_refused() {
-    let election = ElectionState {
-        epoch: 5,
-        voted_for: None,
-        leader_id: Some(2),
-    };
-    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
+    let mut node = follower_of_2_in_epoch_5();
     let later = SnapshotId {
         end_offset: 200,
         epoch: 50,
@@ -3093,32 +3082,25 @@ fn a_snapshot_of_a_later_epoch_than_the_leaders_is_refused() {
 }
 
 /// A follower of leader 2 in epoch 5 whose log [0, 10) is all committed,
-/// and its fetch in flight (to, correlation id).
-fn follower_at_high_watermark_10() -> (RaftNode, NodeId, u64) {
-    let election = ElectionState {
-        epoch: 5,
-        voted_for: None,
-        leader_id: Some(2),
-    };
-    let mut node = RaftNode::new(config(1, &[1, 2, 3]), election, log_of(&[(1, 0)], 10), 0, 7);
+/// after the leader's next answer names its snapshot `end_offset`@1 (the
+/// leader's log starting at `log_start`).
+fn told_of_a_snapshot_at_hw_10(end_offset: Offset, log_start: Offset) -> (RaftNode, SnapshotId) {
+    let mut node = follower_of_2_in_epoch_5();
     let (to, corr, _) = sent(&node.take_actions()).pop().expect("a fetch");
     node.handle_response(1, to, corr, leader_2_answer(10, 0, None));
     assert_eq!(node.high_watermark(), 10);
     node.tick(2);
     let (to, corr, _) = sent(&node.take_actions()).pop().expect("the next fetch");
-    (node, to, corr)
+    let id = SnapshotId { end_offset, epoch: 1 };
+    node.handle_response(3, to, corr, leader_2_answer(10, log_start, Some(id)));
+    (node, id)
 }
 
 /// Nor is one ending below the follower's high watermark: installing it
 /// would drop committed records from the log.
 #[test]
 fn a_snapshot_ending_below_the_high_watermark_is_refused() {
-    let (mut node, to, corr) = follower_at_high_watermark_10();
-    let below = SnapshotId {
-        end_offset: 5,
-        epoch: 1,
-    };
-    node.handle_response(3, to, corr, leader_2_answer(10, 0, Some(below)));
+    let (mut node, _) = told_of_a_snapshot_at_hw_10(5, 0);
     node.tick(3 + 1000);
     let next = sent(&node.take_actions());
     assert!(
@@ -3131,12 +3113,7 @@ fn a_snapshot_ending_below_the_high_watermark_is_refused() {
 /// watermark holds every committed record, and is fetched.
 #[test]
 fn a_snapshot_ending_at_the_high_watermark_is_fetched() {
-    let (mut node, to, corr) = follower_at_high_watermark_10();
-    let at = SnapshotId {
-        end_offset: 10,
-        epoch: 1,
-    };
-    node.handle_response(3, to, corr, leader_2_answer(10, 10, Some(at)));
+    let (mut node, at) = told_of_a_snapshot_at_hw_10(10, 10);
     let next = sent(&node.take_actions());
     assert!(
         matches!(next.as_slice(), [(2, _, RaftRequest::FetchSnapshot(r))] if r.snapshot_id == at),
