@@ -146,7 +146,7 @@ struct Figures {
     /// metadata mode, the topics with offset -1.
     final_writes: Vec<(i64, String)>,
     /// The final committed log (log mode).
-    final_log: BTreeMap<i64, (String, Value)>,
+    final_log: Records,
 }
 
 impl Figures {
@@ -404,13 +404,11 @@ fn nemesis(cluster: &mut Cluster, client: &reqwest::blocking::Client, rng: &mut 
     }
 }
 
-/// Every committed record of a node, offset → (kind, value), and its high
-/// watermark.
-fn read_log(
-    cluster: &Cluster,
-    client: &reqwest::blocking::Client,
-    index: usize,
-) -> Option<(i64, BTreeMap<i64, (String, Value)>)> {
+/// A node's committed records: offset → (kind, value).
+type Records = BTreeMap<i64, (String, Value)>;
+
+/// Every committed record of a node, and its high watermark.
+fn read_log(cluster: &Cluster, client: &reqwest::blocking::Client, index: usize) -> Option<(i64, Records)> {
     let node = &cluster.nodes[index];
     let mut from = 0;
     let mut out = BTreeMap::new();
@@ -467,12 +465,7 @@ fn topic_names(body: &Value) -> BTreeSet<String> {
 /// without holes; images at one offset show the same topics, one at a
 /// higher offset every topic of one at a lower (the harness never deletes
 /// one), and no topic that was never created.
-fn check_prefix(
-    final_log: &BTreeMap<i64, (String, Value)>,
-    history: &BTreeMap<String, Outcome>,
-    local: &[LocalRead],
-    figures: &mut Figures,
-) {
+fn check_prefix(final_log: &Records, history: &BTreeMap<String, Outcome>, local: &[LocalRead], figures: &mut Figures) {
     figures.local_reads = local.len() as u64;
     let mut images: BTreeMap<i64, &BTreeSet<String>> = BTreeMap::new();
     for read in local {
@@ -643,7 +636,7 @@ fn check(cluster: &mut Cluster, client: &reqwest::blocking::Client, run: &Run, h
     figures
 }
 
-fn check_log(log: &BTreeMap<i64, (String, Value)>, history: &BTreeMap<String, Outcome>, figures: &mut Figures) {
+fn check_log(log: &Records, history: &BTreeMap<String, Outcome>, figures: &mut Figures) {
     let mut seen: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     for (offset, (kind, value)) in log {
         if kind == "data" {
@@ -655,12 +648,10 @@ fn check_log(log: &BTreeMap<i64, (String, Value)>, history: &BTreeMap<String, Ou
     for (value, outcome) in history {
         let at = seen.get(value.as_str());
         match outcome {
-            Outcome::Acked(offset) => {
-                if at.is_none_or(|offsets| offsets.iter().all(|o| o.to_string() != *offset)) {
-                    figures
-                        .lost
-                        .push(format!("{value} acknowledged at {offset}, log has it at {at:?}"));
-                }
+            Outcome::Acked(offset) if at.is_none_or(|offsets| offsets.iter().all(|o| o.to_string() != *offset)) => {
+                figures
+                    .lost
+                    .push(format!("{value} acknowledged at {offset}, log has it at {at:?}"));
             }
             Outcome::Refused(code) if at.is_some() => {
                 figures.unsent.push(format!("{value} refused ({code}) but at {at:?}"))
@@ -1003,7 +994,7 @@ fn long_fault_run() {
 #[test]
 fn the_checks_count_lost_duplicated_and_unsent_writes() {
     let data = |value: &str| ("data".to_string(), json!(value));
-    let log: BTreeMap<i64, (String, Value)> = [
+    let log: Records = [
         (0, ("noop".to_string(), json!({}))),
         (1, data("w0-0")),
         (2, data("w0-1")),
@@ -1096,7 +1087,7 @@ fn the_linearizability_checks_count_each_kind_of_violation() {
 #[test]
 fn the_prefix_checks_count_each_kind_of_inconsistency() {
     let data = |v: &str| ("data".to_string(), json!(v));
-    let final_log: BTreeMap<i64, (String, Value)> = [(0, data("a")), (1, data("b")), (2, data("c"))].into();
+    let final_log: Records = [(0, data("a")), (1, data("b")), (2, data("c"))].into();
     let history: BTreeMap<String, Outcome> = ["a", "b", "c", "t1", "t2"]
         .into_iter()
         .map(|v| (v.to_string(), Outcome::Acked(String::new())))

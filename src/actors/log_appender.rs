@@ -425,13 +425,25 @@ pub(crate) mod tests {
     /// Shared, so that a test can arm it after the store moved to its thread.
     pub(crate) type FlushGate = Arc<Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>>;
 
+    /// Holds the caller at `gate` if it is armed (once; the gate disarms).
+    fn pass(gate: &FlushGate) {
+        let armed = gate.lock().unwrap().take();
+        if let Some((entered, release)) = armed {
+            let _ = entered.send(());
+            let _ = release.recv();
+        }
+    }
+
     /// A store (a memory store unless replaced) that counts flushes, can
-    /// hold a flush until released (to queue commands behind it
-    /// deterministically) and can be told to fail appends or flushes.
+    /// hold a flush or an election-state write until released (to queue
+    /// commands behind it deterministically, or to see what runs while it
+    /// is not yet durable) and can be told to fail appends or flushes.
     pub(crate) struct TestStore {
         inner: Box<dyn LogStore>,
         flushes: Arc<AtomicUsize>,
         pub(crate) gate: FlushGate,
+        /// Like `gate`, for the next election-state write.
+        pub(crate) election_gate: FlushGate,
         fail_appends: bool,
         fail_flushes: bool,
         hints: Arc<Mutex<Vec<Offset>>>,
@@ -469,6 +481,7 @@ pub(crate) mod tests {
             self.inner.election_state()
         }
         fn write_election_state(&mut self, state: &ElectionState) -> storage::Result<()> {
+            pass(&self.election_gate);
             self.inner.write_election_state(state)
         }
         fn append(&mut self, batch: &Batch) -> storage::Result<()> {
@@ -484,11 +497,7 @@ pub(crate) mod tests {
             self.inner.truncate(end_offset)
         }
         fn flush(&mut self) -> storage::Result<()> {
-            let gate = self.gate.lock().unwrap().take();
-            if let Some((entered, release)) = gate {
-                let _ = entered.send(());
-                let _ = release.recv();
-            }
+            pass(&self.gate);
             self.flushes.fetch_add(1, Ordering::SeqCst);
             if self.fail_flushes {
                 return Err(StorageError::Io(std::io::Error::other("fdatasync failed")));
@@ -537,6 +546,7 @@ pub(crate) mod tests {
             inner: Box::new(MemoryStore::new()),
             flushes: flushes.clone(),
             gate: Arc::default(),
+            election_gate: Arc::default(),
             fail_appends: false,
             fail_flushes: false,
             hints: Arc::default(),

@@ -447,7 +447,7 @@ impl Harness {
                 position: f.large,
                 max_bytes: f.small as u32,
             }),
-            _ if f.flag && f.other_flag && f.variant % 2 == 0 => RaftRequest::ReadIndex,
+            _ if f.flag && f.other_flag && f.variant.is_multiple_of(2) => RaftRequest::ReadIndex,
             _ if f.flag && f.other_flag => RaftRequest::Controller(vec![1u8; 5]),
             _ if f.flag => RaftRequest::DescribeQuorum,
             _ if f.other_flag => RaftRequest::AppendMany(AppendManyRequest {

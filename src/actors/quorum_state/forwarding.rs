@@ -273,14 +273,12 @@ mod tests {
         (forwarding, sent)
     }
 
+    /// An append as `Forwarding` queues it, and the answer its caller awaits.
+    type Queued = (Vec<Vec<u8>>, AppendReply);
+    type Answer = oneshot::Receiver<Result<Appended, AppendError>>;
+
     /// `n` appends of one record of `bytes` bytes, and their answers.
-    fn appends(
-        n: usize,
-        bytes: usize,
-    ) -> (
-        Vec<(Vec<Vec<u8>>, AppendReply)>,
-        Vec<oneshot::Receiver<Result<Appended, AppendError>>>,
-    ) {
+    fn appends(n: usize, bytes: usize) -> (Vec<Queued>, Vec<Answer>) {
         (0..n)
             .map(|i| {
                 let (reply, answer) = oneshot::channel();
