@@ -1143,6 +1143,19 @@ mod snapshot_fetch_tests {
         })
     }
 
+    /// `request` is the Fetch of a node whose log starts at `id`'s end.
+    fn assert_fetches_from_the_end_of(id: SnapshotId, request: &SendRequest) {
+        match &request.request {
+            RaftRequest::Fetch(fetch) => {
+                assert_eq!(
+                    (fetch.fetch_offset, fetch.last_fetched_epoch),
+                    (id.end_offset, id.epoch)
+                )
+            }
+            other => panic!("expected a Fetch after the install, got {other:?}"),
+        }
+    }
+
     #[actix_rt::test]
     async fn a_fetched_snapshot_chunk_holds_back_the_next_one_until_it_is_in_the_file() {
         let leader_dir = tempfile::tempdir().unwrap();
@@ -1196,15 +1209,7 @@ mod snapshot_fetch_tests {
         assert_eq!(answered, expected, "each chunk is asked for once, in order");
         // The observer fetches the log again from the snapshot's end, which
         // it asks for only once the snapshot is installed.
-        match &after_install.request {
-            RaftRequest::Fetch(fetch) => {
-                assert_eq!(
-                    (fetch.fetch_offset, fetch.last_fetched_epoch),
-                    (id.end_offset, id.epoch)
-                )
-            }
-            other => panic!("expected a Fetch after the install, got {other:?}"),
-        }
+        assert_fetches_from_the_end_of(id, &after_install);
         let status = node.quorum.send(Describe).await.unwrap();
         assert_eq!(
             (status.log_start_offset, status.log_end_offset),
@@ -1294,15 +1299,7 @@ mod snapshot_fetch_tests {
         // Once it is durable, the Fetch the install asked for goes out.
         drop(release);
         let after_install = node.next_request().await;
-        match &after_install.request {
-            RaftRequest::Fetch(fetch) => {
-                assert_eq!(
-                    (fetch.fetch_offset, fetch.last_fetched_epoch),
-                    (id.end_offset, id.epoch)
-                )
-            }
-            other => panic!("expected a Fetch after the install, got {other:?}"),
-        }
+        assert_fetches_from_the_end_of(id, &after_install);
         node.stop().await;
     }
 }
