@@ -21,6 +21,7 @@
 //! `scripts/fault-sweep.sh`, which runs many).
 
 mod fault;
+mod node_process;
 mod ports;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,18 +2,19 @@
 //! ports), `kill -9`, restarts, and the check that no acknowledged append is
 //! ever lost. Every process a test starts is killed when its guard drops.
 
+mod node_process;
 mod ports;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kraft::messages::codec::{decode_bounded, encode};
 use kraft::messages::{Batch, Record};
+use node_process::{run_args, spawn_logged, Log};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -38,7 +39,7 @@ struct Node {
     /// under strace; the process started must be `kraft` itself.
     launcher: Vec<String>,
     child: Option<Child>,
-    log: Arc<Mutex<Vec<String>>>,
+    log: Log,
 }
 
 impl Node {
@@ -67,34 +68,19 @@ impl Node {
             }
             None => Command::new(kraft),
         };
-        let mut child = command
-            .arg("run")
-            .arg("--config")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"))
-            .args(["--set", &format!("node.id={}", self.id)])
-            // These tests append raw records.
-            .args(["--set", "node.state_machine=log"])
-            .args(["--set", &format!("node.data_dir={}", self.data_dir.display())])
-            .args(["--set", &format!("listeners.raft=127.0.0.1:{}", self.raft_port)])
-            .args(["--set", &format!("listeners.http=127.0.0.1:{}", self.http_port)])
-            .args(["--set", &format!("quorum.voters={}", self.voters)])
-            .args(["--set", "quorum.election_timeout_ms=300"])
-            .args(["--set", "quorum.fetch_timeout_ms=600"])
-            .args(["--set", "quorum.request_timeout_ms=600"])
-            .args(&self.extra_args)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start kraft");
-        // Keep the node's log for failure messages.
-        let stderr = child.stderr.take().unwrap();
-        let log = self.log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                log.lock().unwrap().push(line);
-            }
-        });
+        run_args(
+            &mut command,
+            self.id,
+            &self.data_dir,
+            self.raft_port,
+            self.http_port,
+            &self.voters,
+        )
+        // These tests append raw records.
+        .args(["--set", "node.state_machine=log"])
+        .args(["--set", "quorum.request_timeout_ms=600"])
+        .args(&self.extra_args);
+        let child = spawn_logged(&mut command, &self.log);
         self.child = Some(child);
     }
 

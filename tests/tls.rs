@@ -5,18 +5,20 @@
 //! refused at the handshake and the refusal is logged. Every process is
 //! killed when its guard drops.
 
+mod node_process;
 mod ports;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kraft::messages::client::{
     decode_body, encode_frame_into, ClientFrame, ClientRequest, ClientResponse, Scope, CLIENT_PROTOCOL_VERSION,
 };
+use node_process::{run_args, spawn_logged, Log};
 use rustls::pki_types::ServerName;
 use serde_json::Value;
 
@@ -44,7 +46,7 @@ struct Node {
     raft: u16,
     client: u16,
     child: Child,
-    log: Arc<Mutex<Vec<String>>>,
+    log: Log,
 }
 
 impl Node {
@@ -57,21 +59,10 @@ impl Node {
             .join(",");
         let (http, client, raft) = (ports::free_port(), ports::free_port(), raft_ports[id - 1]);
         let tokens = dir.join("tokens");
-        let mut child = kraft()
-            .arg("run")
-            .arg("--config")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"))
-            .args(["--set", &format!("node.id={id}")])
-            .args([
-                "--set",
-                &format!("node.data_dir={}", dir.join(format!("node-{id}")).display()),
-            ])
-            .args(["--set", &format!("listeners.raft=127.0.0.1:{raft}")])
-            .args(["--set", &format!("listeners.http=127.0.0.1:{http}")])
+        let data_dir = dir.join(format!("node-{id}"));
+        let mut command = kraft();
+        run_args(&mut command, id, &data_dir, raft, http, &format!("[{voters}]"))
             .args(["--set", &format!("listeners.client=127.0.0.1:{client}")])
-            .args(["--set", &format!("quorum.voters=[{voters}]")])
-            .args(["--set", "quorum.election_timeout_ms=300"])
-            .args(["--set", "quorum.fetch_timeout_ms=600"])
             .args(["--set", &format!("security.tokens_file={}", tokens.display())])
             .args([
                 "--set",
@@ -90,20 +81,9 @@ impl Node {
                     "security.tls_key_file={}",
                     certs.join(format!("node-{id}.key")).display()
                 ),
-            ])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log: Arc<Mutex<Vec<String>>> = Default::default();
-        let lines = log.clone();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                lines.lock().unwrap().push(line);
-            }
-        });
+            ]);
+        let log = Log::default();
+        let child = spawn_logged(&mut command, &log);
         Node {
             http,
             raft,

@@ -1077,6 +1077,11 @@ mod tests {
             1,
             "a log without metadata.version gets it"
         );
+        // With no broker to hold it back, the controller's own range does.
+        assert!(
+            update_features(&without, &levels(&[(METADATA_VERSION, METADATA_VERSION_LEVEL + 1)])).is_err(),
+            "past what this controller supports, with no broker registered"
+        );
         // Level 0 removes a feature, one this controller does not know too
         // (a newer build finalized it): no broker or range check holds it.
         let mut newer = without.clone();

@@ -2601,6 +2601,42 @@ fn only_an_answer_to_the_resignations_own_request_acknowledges_it() {
     );
 }
 
+/// A voter that acknowledged the resignation is not told again; one whose
+/// answer was an error is, once the retry backoff has passed.
+#[test]
+fn a_resignation_is_sent_again_only_to_the_voters_that_did_not_acknowledge_it() {
+    let (mut node, now) = elect_leader();
+    node.take_actions();
+    node.resign(now + 1);
+    let told: BTreeMap<NodeId, u64> = sent(&node.take_actions())
+        .into_iter()
+        .filter(|(_, _, r)| matches!(r, RaftRequest::EndQuorumEpoch(_)))
+        .map(|(to, corr, _)| (to, corr))
+        .collect();
+    assert_eq!(told.keys().copied().collect::<Vec<_>>(), vec![2, 3]);
+    let answer = |error| {
+        RaftResponse::EndQuorumEpoch(QuorumEpochResponse {
+            error,
+            epoch: 1,
+            leader_id: None,
+        })
+    };
+    node.handle_response(now + 2, 2, told[&2], answer(ErrorCode::BrokerNotAvailable));
+    node.handle_response(now + 2, 3, told[&3], answer(ErrorCode::None));
+    node.tick(now + 2 + node.config().retry_backoff_ms.max(1));
+    assert_eq!(node.role().role, RoleKind::Resigned);
+    let again: Vec<NodeId> = sent(&node.take_actions())
+        .into_iter()
+        .filter(|(_, _, r)| matches!(r, RaftRequest::EndQuorumEpoch(_)))
+        .map(|(to, _, _)| to)
+        .collect();
+    assert_eq!(
+        again,
+        vec![2],
+        "only the voter that has not acknowledged it is told again"
+    );
+}
+
 /// A chunk answering a FetchSnapshot sent in an earlier role is not taken,
 /// even for the snapshot fetched now from the same leader: here the
 /// leader resigned (EndQuorumEpoch), the pre-votes were refused in its

@@ -4,16 +4,15 @@
 //! dropped.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use super::proxy::Proxy;
+use crate::node_process::{run_args, spawn_logged, Log};
 use crate::ports;
 
 /// Longest the harness waits for a cluster to recover.
@@ -37,7 +36,7 @@ pub struct Node {
     sets: Vec<String>,
     child: Option<Child>,
     pub paused: bool,
-    log: Arc<Mutex<Vec<String>>>,
+    log: Log,
 }
 
 impl Node {
@@ -48,38 +47,19 @@ impl Node {
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "node {} already running", self.id);
         let mut command = Command::new(env!("CARGO_BIN_EXE_kraft"));
-        command
-            .arg("run")
-            .arg("--config")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"))
-            .args(["--set", &format!("node.id={}", self.id)])
-            .args(["--set", &format!("node.data_dir={}", self.data_dir.display())])
-            .args(["--set", &format!("listeners.raft=127.0.0.1:{}", self.raft_port)])
-            .args(["--set", &format!("listeners.http=127.0.0.1:{}", self.http_port)])
-            .args(["--set", &format!("quorum.voters={}", self.voters)])
-            .args(["--set", "quorum.election_timeout_ms=300"])
-            .args(["--set", "quorum.fetch_timeout_ms=600"])
-            .args(["--set", "quorum.request_timeout_ms=1000"]);
+        run_args(
+            &mut command,
+            self.id,
+            &self.data_dir,
+            self.raft_port,
+            self.http_port,
+            &self.voters,
+        )
+        .args(["--set", "quorum.request_timeout_ms=1000"]);
         for set in &self.sets {
             command.args(["--set", set]);
         }
-        let mut child = command
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start kraft");
-        let stderr = child.stderr.take().unwrap();
-        let log = self.log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = log.lock().unwrap();
-                log.push(line);
-                if log.len() > 4000 {
-                    log.drain(..2000);
-                }
-            }
-        });
+        let child = spawn_logged(&mut command, &self.log);
         self.child = Some(child);
         self.paused = false;
     }
