@@ -25,6 +25,13 @@ fn log_of(epochs: &[(Epoch, Offset)], end: Offset) -> LogView {
     LogView::new(0, 0, end, epochs.to_vec())
 }
 
+/// Whether `actions` write a snapshot chunk or install a snapshot.
+fn takes_a_chunk(actions: &[Action]) -> bool {
+    actions
+        .iter()
+        .any(|a| matches!(a, Action::WriteSnapshotChunk { .. } | Action::InstallSnapshot(_)))
+}
+
 fn sent(actions: &[Action]) -> Vec<(NodeId, u64, RaftRequest)> {
     actions
         .iter()
@@ -2488,10 +2495,7 @@ fn a_bad_chunk_or_a_vanished_snapshot_restarts_from_a_fetch() {
         let (corr, _) = next_request(&mut node);
         node.handle_response(2, 2, corr, bad.clone());
         let actions = node.take_actions();
-        assert!(
-            !actions.iter().any(|a| matches!(a, Action::WriteSnapshotChunk { .. })),
-            "{bad:?} is not written"
-        );
+        assert!(!takes_a_chunk(&actions), "{bad:?} is not written");
         node.tick(1_000);
         let (_, request) = next_request(&mut node);
         assert!(matches!(request, RaftRequest::Fetch(_)), "after {bad:?}: {request:?}");
@@ -2673,10 +2677,7 @@ fn a_chunk_answering_a_request_of_an_earlier_role_is_ignored() {
     );
     node.handle_response(5, 2, stale, chunk(0, 10, 25));
     let actions = node.take_actions();
-    assert!(
-        !actions.iter().any(|a| matches!(a, Action::WriteSnapshotChunk { .. })),
-        "{actions:?}"
-    );
+    assert!(!takes_a_chunk(&actions), "{actions:?}");
 }
 
 #[test]
@@ -2689,12 +2690,7 @@ fn a_chunk_of_another_snapshot_is_ignored() {
     }
     node.handle_response(2, 2, corr, other);
     let actions = node.take_actions();
-    assert!(
-        !actions
-            .iter()
-            .any(|a| matches!(a, Action::WriteSnapshotChunk { .. } | Action::InstallSnapshot(_))),
-        "{actions:?}"
-    );
+    assert!(!takes_a_chunk(&actions), "{actions:?}");
 }
 
 #[test]
@@ -2708,9 +2704,7 @@ fn a_chunk_that_changes_the_snapshots_size_restarts_from_a_fetch() {
     node.handle_response(3, 2, corr, chunk(10, 10, 20));
     let actions = node.take_actions();
     assert!(
-        !actions
-            .iter()
-            .any(|a| matches!(a, Action::WriteSnapshotChunk { .. } | Action::InstallSnapshot(_))),
+        !takes_a_chunk(&actions),
         "a chunk of another size is neither written nor installed: {actions:?}"
     );
     node.tick(1_000);
